@@ -1,0 +1,5 @@
+import sys
+
+from kvpack.entrypoints.cli import main
+
+sys.exit(main())
