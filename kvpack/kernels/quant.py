@@ -1,0 +1,188 @@
+"""Shared @triton.jit helpers: rounding, int8/int4 encode, int4 nibbles, software FP8 encode/decode.
+
+Every helper implements the bit-level definition in `kvpack.formats` (docs/structures.md, "KV format
+definition") with integer/bit operations and IEEE float32 division, so that the codes a kernel
+writes equal the PyTorch reference bit for bit, on any GPU (Ampere has no FP8 conversion
+instructions; none is emitted here) and under the CPU interpreter.
+
+Stable names (the prefill and decode attention kernels and the cache-write kernel import them):
+    round_half_even(x)                 float32 (|x| < 2**22) -> int32, ties to even
+    int8_encode(x, s)                  float32 x, scale s -> int32 codes in [-127, 127]
+    int4_encode(x, m, s)               float32 x, zero m, scale s -> int32 codes in [0, 15]
+    int4_lo(b), int4_hi(b)             packed byte -> int32 low / high nibble (channel j / j + D/2)
+    int4_pack(lo, hi)                  two int32 nibbles -> uint8 byte
+    fp8_encode(x, FMT)                 float32 -> uint8 code (FMT = FMT_FP8E4M3 or FMT_FP8E5M2)
+    fp8_decode(code, FMT)              uint8 code -> float32, every code as torch decodes it
+    fp8_decode_f16(code, FMT)          uint8 code -> float16 equal to value / fp8_f16_factor(FMT)
+                                       (exact, subnormals included; e4m3 NaN codes not kept)
+    fp8_f16_factor(FMT)                2**8 for e4m3, 1 for e5m2 (fold it into the scale)
+    decode_codes_f32(codes, FMT)       unscaled code values as float32 (float, int8, fp8 kinds)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kvpack.formats import (
+    FMT_FLOAT, FMT_FP8E4M3, FMT_FP8E5M2, FMT_INT4, FMT_INT8, FP8_E4M3, FP8_E5M2, FP8E4M3_BIAS, FP8E4M3_MAN_BITS,
+    FP8E4M3_MAX_CODE, FP8E4M3_NAN_CODE, FP8E5M2_BIAS, FP8E5M2_MAN_BITS, FP8E5M2_MAX_CODE,
+    FP8E5M2_NAN_CODE, INT4_HI_SHIFT, INT4_NIBBLE_MASK, QMAX_INT4, QMAX_INT8,
+)
+
+# Module constants visible inside @triton.jit bodies.
+K_FMT_FLOAT = tl.constexpr(FMT_FLOAT)
+K_FMT_INT8 = tl.constexpr(FMT_INT8)
+K_FMT_INT4 = tl.constexpr(FMT_INT4)
+K_FMT_FP8E4M3 = tl.constexpr(FMT_FP8E4M3)
+K_FMT_FP8E5M2 = tl.constexpr(FMT_FP8E5M2)
+_INT8_QMAX = tl.constexpr(float(QMAX_INT8))
+_INT4_QMAX = tl.constexpr(float(QMAX_INT4))
+_HI_SHIFT = tl.constexpr(INT4_HI_SHIFT)
+_NIB_MASK = tl.constexpr(INT4_NIBBLE_MASK)
+# float32 bit patterns of the largest finite fp8 values (448, 57344): inputs at or past saturate.
+_E4M3_MAX_BITS = tl.constexpr(FP8_E4M3.max_bits)
+_E5M2_MAX_BITS = tl.constexpr(FP8_E5M2.max_bits)
+_E4M3_MAX_CODE = tl.constexpr(FP8E4M3_MAX_CODE)
+_E5M2_MAX_CODE = tl.constexpr(FP8E5M2_MAX_CODE)
+_E4M3_NAN_CODE = tl.constexpr(FP8E4M3_NAN_CODE)
+_E5M2_NAN_CODE = tl.constexpr(FP8E5M2_NAN_CODE)
+_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding it rounds |x| < 2**22 to an integer
+_RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
+
+
+@triton.jit
+def round_half_even(x):
+    """float32 -> int32, round to nearest, ties to even (IEEE add in the default mode); |x| < 2**22."""
+    y = x + _RNE_MAGIC
+    return y.to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS
+
+
+@triton.jit
+def int8_encode(x, s):
+    """code = clamp(round_half_even(x / s), -127, 127); x, s float32 (s broadcastable)."""
+    v = tl.math.div_rn(x, s)
+    v = tl.minimum(tl.maximum(v, -_INT8_QMAX), _INT8_QMAX)  # clamp first: same result, no overflow
+    return round_half_even(v)
+
+
+@triton.jit
+def int4_encode(x, m, s):
+    """code = clamp(round_half_even((x - m) / s), 0, 15); x, m, s float32 (m, s broadcastable)."""
+    v = tl.math.div_rn(x - m, s)
+    v = tl.minimum(tl.maximum(v, 0.0), _INT4_QMAX)
+    return round_half_even(v)
+
+
+@triton.jit
+def int4_lo(b):
+    """Low nibble of a packed byte (channel j), as int32 in 0..15."""
+    return b.to(tl.int32) & _NIB_MASK
+
+
+@triton.jit
+def int4_hi(b):
+    """High nibble of a packed byte (channel j + D/2), as int32 in 0..15."""
+    return (b.to(tl.int32) >> _HI_SHIFT) & _NIB_MASK
+
+
+@triton.jit
+def int4_pack(lo, hi):
+    """Two int32 codes in 0..15 -> one uint8 byte: lo | hi << 4."""
+    return (lo | (hi << _HI_SHIFT)).to(tl.uint8)
+
+
+def _enc_consts(man: int, bias: int) -> tuple:
+    shift = 23 - man
+    return tuple(tl.constexpr(v) for v in (
+        shift, (1 << (shift - 1)) - 1, (127 - bias) << man, 151 - bias - man, 128 - bias))
+
+
+# (mantissa shift, round bias, exponent rebias, subnormal shift base, min normal fp32 exponent)
+_E4M3_ENC = _enc_consts(FP8E4M3_MAN_BITS, FP8E4M3_BIAS)
+_E5M2_ENC = _enc_consts(FP8E5M2_MAN_BITS, FP8E5M2_BIAS)
+_E4M3_SHIFT, _E4M3_RBIAS, _E4M3_REBIAS, _E4M3_SUBBASE, _E4M3_MINE = _E4M3_ENC
+_E5M2_SHIFT, _E5M2_RBIAS, _E5M2_REBIAS, _E5M2_SUBBASE, _E5M2_MINE = _E5M2_ENC
+
+
+@triton.jit
+def _fp8_encode_spec(x, SHIFT: tl.constexpr, RBIAS: tl.constexpr, REBIAS: tl.constexpr,
+                     SUBBASE: tl.constexpr, MINE: tl.constexpr, MAX_BITS: tl.constexpr,
+                     MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr):
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    a = bits & 0x7FFFFFFF  # |x| bits
+    e32 = a >> 23
+    # normal range: round the 23-bit mantissa to MAN bits, ties to even (carry bumps the exponent)
+    ar = tl.minimum(a, MAX_BITS)
+    rn = (ar + RBIAS + ((ar >> SHIFT) & 1)) >> SHIFT
+    normal = rn - REBIAS
+    # subnormal range: round the 24-bit significand right by sh bits, ties to even
+    mant = (a & 0x7FFFFF) | tl.where(e32 > 0, 0x800000, 0)
+    sh = SUBBASE - tl.maximum(e32, 1)
+    sh = tl.minimum(tl.maximum(sh, 1), 30)
+    half = tl.full(sh.shape, 1, tl.int32) << (sh - 1)
+    sub = (mant + half - 1 + ((mant >> sh) & 1)) >> sh
+    code = tl.where(e32 >= MINE, normal, sub)
+    code = tl.where(a >= MAX_BITS, MAX_CODE, code)  # saturate, +-inf included
+    code = tl.where(a > 0x7F800000, NAN_CODE, code)  # every NaN
+    return (code | (sign << 7)).to(tl.uint8)
+
+
+@triton.jit
+def fp8_encode(x, FMT: tl.constexpr):
+    """float32 -> uint8 FP8 code (round to nearest even, saturating, NaN -> 0x7F | sign)."""
+    if FMT == K_FMT_FP8E4M3:
+        out = _fp8_encode_spec(x, _E4M3_SHIFT, _E4M3_RBIAS, _E4M3_REBIAS, _E4M3_SUBBASE, _E4M3_MINE,
+                               _E4M3_MAX_BITS, _E4M3_MAX_CODE, _E4M3_NAN_CODE)
+    else:
+        out = _fp8_encode_spec(x, _E5M2_SHIFT, _E5M2_RBIAS, _E5M2_REBIAS, _E5M2_SUBBASE, _E5M2_MINE,
+                               _E5M2_MAX_BITS, _E5M2_MAX_CODE, _E5M2_NAN_CODE)
+    return out
+
+
+@triton.jit
+def fp8_decode_f16(code, FMT: tl.constexpr):
+    """uint8 FP8 code -> float16 holding value / fp8_f16_factor(FMT), exactly (subnormals too).
+
+    e4m3: the 7 magnitude bits land in the fp16 exponent/mantissa fields (bias 15 vs 7: a factor
+    2**-8); e5m2 is the top byte of an fp16 (inf and NaN kept). e4m3 NaN codes decode to 1.875*2**-8
+    *sign here; `fp8_decode` keeps them NaN.
+    """
+    c = code.to(tl.int8, bitcast=True).to(tl.int16)  # sign-extended
+    if FMT == K_FMT_FP8E4M3:
+        bits = (c << 7) & -16512  # 0xBF80: sign, 4 exponent bits, 3 mantissa bits
+    else:
+        bits = c << 8
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def fp8_f16_factor(FMT: tl.constexpr):
+    if FMT == K_FMT_FP8E4M3:
+        f = 256.0
+    else:
+        f = 1.0
+    return f
+
+
+@triton.jit
+def fp8_decode(code, FMT: tl.constexpr):
+    """uint8 FP8 code -> float32 as torch's float8 -> float32 conversion (NaN, inf, -0 included)."""
+    v = fp8_decode_f16(code, FMT).to(tl.float32)
+    if FMT == K_FMT_FP8E4M3:
+        v = v * 256.0
+        v = tl.where((code.to(tl.int32) & 0x7F) == 0x7F, float("nan"), v)
+    return v
+
+
+@triton.jit
+def decode_codes_f32(codes, FMT: tl.constexpr):
+    """Unscaled code values as float32: float kinds convert, int8 widens, fp8 decodes (not int4)."""
+    if FMT == K_FMT_FP8E4M3:
+        v = fp8_decode(codes, FMT)
+    elif FMT == K_FMT_FP8E5M2:
+        v = fp8_decode(codes, FMT)
+    else:
+        v = codes.to(tl.float32)
+    return v
