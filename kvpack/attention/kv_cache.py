@@ -9,14 +9,13 @@ Slot `s` lives at block `s // block_size`, offset `s % block_size`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvpack.config import CacheConfig, ConfigError, ModelConfig
-
-if TYPE_CHECKING:
-    from kvpack.formats import KVFormat
+from kvpack.formats import (
+    SCALE_DTYPE, STATIC_KINDS, STATIC_SCALE_DTYPE, KVFormat, kv_bytes_per_token, resolve_format,
+)
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,6 @@ def resolve_kv_formats(
 ) -> tuple[KVFormat, KVFormat]:
     """K and V formats of `cache_config`. `static` (default: a scales file is configured) switches
     int8 and fp8 formats to static per-(layer, kv head) scales; other formats ignore it."""
-    from kvpack.formats import resolve_format
-
     if static is None:
         static = cache_config.kv_scales_path is not None
 
@@ -104,14 +101,11 @@ def resolve_kv_formats(
         kw = dict(head_dim=model_config.head_dim, rotate=cache_config.kv_rotation,
                   int4_group_size=cache_config.int4_group_size, model_dtype=model_dtype)
         fmt = resolve_format(name, static=False, **kw)
-        if static and fmt.kind in _STATIC_KINDS:
+        if static and fmt.kind in STATIC_KINDS:
             fmt = resolve_format(name, static=True, **kw)
         return fmt
 
     return one(cache_config.k_dtype_name), one(cache_config.v_dtype_name)
-
-
-_STATIC_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")
 
 
 def allocate_pool(
@@ -127,9 +121,9 @@ def allocate_pool(
     codes = torch.empty(*shape, fmt.code_width, dtype=fmt.storage_dtype, device=device)
     scales = zeros = None
     if fmt.scale_mode == "token":
-        scales = torch.empty(*shape, fmt.num_groups, dtype=torch.float16, device=device)
+        scales = torch.empty(*shape, fmt.num_groups, dtype=SCALE_DTYPE, device=device)
         if fmt.has_zero:
-            zeros = torch.empty(*shape, fmt.num_groups, dtype=torch.float16, device=device)
+            zeros = torch.empty(*shape, fmt.num_groups, dtype=SCALE_DTYPE, device=device)
     if fmt.scale_mode == "static":
         if static_scale is None:
             raise ConfigError(f"KV format {fmt.name!r} with static scales needs a scales file (--kv-scales)")
@@ -138,7 +132,7 @@ def allocate_pool(
                 f"static KV scales have shape {tuple(static_scale.shape)} per layer, "
                 f"expected ({num_kv_heads},) (one per kv head)"
             )
-        static_scale = static_scale.to(device=device, dtype=torch.float32).contiguous()
+        static_scale = static_scale.to(device=device, dtype=STATIC_SCALE_DTYPE).contiguous()
     else:
         static_scale = None
     return CachePool(codes=codes, scales=scales, zeros=zeros, static_scale=static_scale, fmt=fmt)
@@ -154,24 +148,31 @@ def allocate_kv_cache(
 ) -> KVCache:
     """Allocate every layer's K and V pools.
 
-    static_scales: optional (k_scales, v_scales), each [num_layers, num_kv_heads] float32 (as loaded
-    from a scales file); given (or `cache_config.kv_scales_path` set), int8 and fp8 use static scales.
+    static_scales: optional (k_scales, v_scales), each [num_layers, num_kv_heads] float32 (e.g.
+    `load_scales(...).for_format(kind)`); given (or `cache_config.kv_scales_path` set), int8 and fp8
+    use static scales. With only the path set, the file is loaded here (`kvpack.formats.load_scales`).
     """
     if num_blocks <= 0:
         raise ConfigError(f"the KV cache needs at least one block, got num_blocks={num_blocks}")
     static = static_scales is not None or cache_config.kv_scales_path is not None
     k_fmt, v_fmt = resolve_kv_formats(model_config, cache_config, model_dtype, static=static)
     L, H = model_config.num_layers, model_config.num_kv_heads
+    if static_scales is None and "static" in (k_fmt.scale_mode, v_fmt.scale_mode):
+        from kvpack.formats import load_scales  # lazy: the scales file reader
+
+        file = load_scales(cache_config.kv_scales_path, model_config)
+        static_scales = (file.for_format(k_fmt)[0] if k_fmt.scale_mode == "static" else None,
+                         file.for_format(v_fmt)[1] if v_fmt.scale_mode == "static" else None)
     if static_scales is not None:
         for name, s in zip("KV", static_scales):
-            if tuple(s.shape) != (L, H):
+            if s is not None and tuple(s.shape) != (L, H):
                 raise ConfigError(
                     f"static {name} scales have shape {tuple(s.shape)}, expected ({L}, {H}) "
                     "(num_layers, num_kv_heads)"
                 )
     layers = []
     for i in range(L):
-        ks, vs = (static_scales[0][i], static_scales[1][i]) if static_scales is not None else (None, None)
+        ks, vs = (None if s is None else s[i] for s in static_scales or (None, None))
         layers.append(LayerKVCache(
             k=allocate_pool(k_fmt, num_blocks, H, cache_config.block_size, device, ks),
             v=allocate_pool(v_fmt, num_blocks, H, cache_config.block_size, device, vs),
@@ -187,7 +188,5 @@ def num_blocks_for_memory(
     budget_bytes: int,
 ) -> int:
     """How many whole blocks (all layers, K and V) fit in `budget_bytes`."""
-    from kvpack.formats import kv_bytes_per_token
-
     per_block = kv_bytes_per_token(model_config, k_fmt, v_fmt) * block_size
     return max(0, int(budget_bytes) // per_block)
