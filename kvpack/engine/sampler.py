@@ -1,0 +1,130 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with per-request seeded generators.
+
+Rows with temperature 0 take the argmax. Others: logits / temperature, then top-k (keep the
+tokens whose logit is >= the k-th largest), then top-p (keep the smallest set of most likely
+tokens whose probability reaches p; the most likely token always stays), then a draw by the
+exponential race `argmax(p_i / E_i)`, `E_i ~ Exp(1)` (the same distribution as a categorical draw).
+A row with a seed draws its `E` from its own `torch.Generator`, so its tokens depend only on
+its seed, never on what else is in the batch. Unseeded rows share the engine's generator.
+Logprobs are log-softmax of the raw logits (before temperature, top-k and top-p), as in vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvpack.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling state for one step (B rows)."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+    banned_ids: list[list[int]] | None = None  # e.g. EOS before min_tokens; None = none banned
+
+
+@dataclass
+class SamplerOutput:
+    """token_ids: [B] int64 on the CPU. logprobs[i]: {token id: logprob} with the chosen token and
+    the top-N (N = params.logprobs), or None when row i did not ask for logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+class Sampler:
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator  # for unseeded rows; None = torch's default generator
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """logits: [B, V] float32 on any device."""
+        B, V = logits.shape
+        params = batch.params
+        assert len(params) == B == len(batch.generators)
+        logits = logits.float()
+        if batch.banned_ids and any(batch.banned_ids):
+            logits = logits.clone()
+            for i, ids in enumerate(batch.banned_ids):
+                if ids:
+                    logits[i, torch.tensor(ids, device=logits.device)] = float("-inf")
+
+        greedy = [p.greedy for p in params]
+        if all(greedy):
+            chosen = logits.argmax(dim=-1)
+        else:
+            chosen = self._sample(logits, params, batch.generators, greedy)
+
+        want = [p.logprobs for p in params]
+        lp_out: list[dict[int, float] | None] = [None] * B
+        if any(w is not None for w in want):
+            lp_out = _logprobs(logits, chosen, want)
+        return SamplerOutput(token_ids=chosen.tolist(), logprobs=lp_out)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        greedy: list[bool],
+    ) -> torch.Tensor:
+        device = logits.device
+        temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
+                             dtype=torch.float32, device=device)
+        scaled = logits / temps[:, None]
+        top_k = [p.top_k if p.top_k_enabled else 0 for p in params]
+        top_p = [p.top_p for p in params]
+        if any(top_k) or any(p < 1.0 for p in top_p):
+            scaled = apply_top_k_top_p(scaled, top_k, top_p)
+        probs = scaled.softmax(dim=-1)
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i].exponential_(generator=g)
+        sampled = (probs / noise).argmax(dim=-1)
+        greedy_t = torch.tensor(greedy, dtype=torch.bool, device=device)
+        return torch.where(greedy_t, logits.argmax(dim=-1), sampled)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask (to -inf) what top-k then top-p remove. logits: [B, V] float32; top_k[i] <= 0 = off."""
+    B, V = logits.shape
+    device = logits.device
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.tensor([kk if 0 < kk < V else V for kk in top_k], dtype=torch.long, device=device)
+    kth = sorted_logits.gather(1, (k - 1)[:, None])  # [B, 1] the k-th largest logit
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    # top_p == 1 is off: rounding in the cumulative sum must not cut the tail.
+    p = torch.tensor([pp if pp < 1.0 else 2.0 for pp in top_p], dtype=torch.float32, device=device)
+    probs = sorted_logits.softmax(dim=-1)
+    # Drop token j when the tokens before it already reach p (the first token is always kept).
+    before = probs.cumsum(dim=-1) - probs
+    sorted_logits = sorted_logits.masked_fill(before >= p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+
+
+def _logprobs(
+    logits: torch.Tensor, chosen: torch.Tensor, want: list[int | None]
+) -> list[dict[int, float] | None]:
+    logp = logits.log_softmax(dim=-1)
+    n = max(w or 0 for w in want)
+    chosen_ids = chosen.tolist()
+    chosen_lp = logp.gather(1, chosen[:, None])[:, 0].tolist()
+    top_lp, top_ids = ([], [])
+    if n:
+        values, indices = logp.topk(n, dim=-1)
+        top_lp, top_ids = values.tolist(), indices.tolist()
+    out: list[dict[int, float] | None] = []
+    for i, w in enumerate(want):
+        if w is None:
+            out.append(None)
+            continue
+        d = dict(zip(top_ids[i][:w], top_lp[i][:w])) if w else {}
+        d[chosen_ids[i]] = chosen_lp[i]
+        out.append(d)
+    return out
