@@ -24,6 +24,10 @@ from kvpack.formats.integer import (
     unpack_int4,
 )
 from kvpack.formats.rotation import hadamard, hadamard_block_size, rotate
+from kvpack.formats.scales import (
+    SCALES_FORMAT, SCALES_VERSION, KVScales, derive_scales, load_scales, model_fingerprint,
+    save_scales,
+)
 
 __all__ = [
     "KVFormat", "resolve_format", "FORMAT_NAMES", "kv_bytes_per_token", "canonical_name",
@@ -37,4 +41,6 @@ __all__ = [
     "FP8E5M2_MAX_CODE", "FP8E5M2_NAN_CODE", "FP8E5M2_INF_CODE",
     "INT4_NIBBLE_ORDER", "INT4_LO_SHIFT", "INT4_HI_SHIFT", "INT4_NIBBLE_MASK",
     "pack_int4", "unpack_int4", "int4_params", "hadamard", "hadamard_block_size", "rotate",
+    "KVScales", "load_scales", "save_scales", "model_fingerprint", "derive_scales",
+    "SCALES_FORMAT", "SCALES_VERSION",
 ]
