@@ -265,3 +265,16 @@ def test_hadamard(head_dim, block):
     assert ((x @ r) @ r - x).abs().max() <= 1e-6 * max(1.0, x.abs().max().item())
     f = resolve_format("int4", head_dim=head_dim)
     assert f.rotation("cpu") is r and resolve_format("int8", head_dim=head_dim).rotation() is None
+
+
+@pytest.mark.parametrize("name", ["bf16", "int8", "int4", "fp8", "fp8_e5m2"])
+def test_noncontiguous_and_empty_inputs(name):
+    f = resolve_format(name, head_dim=64)
+    x = torch.randn(3, 64, 5).transpose(1, 2)  # [3, 5, 64], non-contiguous
+    ref = f.quantize(x.contiguous())
+    got = f.quantize(x)
+    for a, b in zip(got, ref):
+        assert (a is None and b is None) or torch.equal(a, b)
+    codes, scales, zeros = f.quantize(torch.zeros(0, 5, 64))
+    assert codes.shape == (0, 5, f.code_width)
+    assert f.dequantize(codes, scales, zeros).shape == (0, 5, 64)

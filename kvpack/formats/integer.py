@@ -65,7 +65,7 @@ def _dequantize_int8(fmt: KVFormat, codes, scales, zeros, static_scale) -> torch
 def int4_params(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [N, H, D] float32 -> (scales, zeros) [N, H, D // group_size] float16."""
     n, h, d = x.shape
-    xg = x.view(n, h, d // group_size, group_size)
+    xg = x.reshape(n, h, d // group_size, group_size)
     mn, mx = xg.amin(dim=-1), xg.amax(dim=-1)
     return dynamic_scale(mx - mn, QMAX_INT4), mn.to(SCALE_DTYPE)
 
@@ -73,7 +73,7 @@ def int4_params(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.T
 def _quantize_int4(fmt: KVFormat, x: torch.Tensor, static_scale: torch.Tensor | None):
     n, h, d = x.shape
     scales, zeros = int4_params(x, fmt.group_size)
-    xg = x.view(n, h, d // fmt.group_size, fmt.group_size)
+    xg = x.reshape(n, h, d // fmt.group_size, fmt.group_size)
     q = torch.round((xg - zeros.float()[..., None]) / scales.float()[..., None])
     q = torch.clamp(q, INT4_CODE_MIN, INT4_CODE_MAX).to(torch.uint8).view(n, h, d)
     return pack_int4(q), scales, zeros
