@@ -17,6 +17,8 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
                                        (exact, subnormals included; e4m3 NaN codes not kept)
     fp8_f16_factor(FMT)                2**8 for e4m3, 1 for e5m2 (fold it into the scale)
     decode_codes_f32(codes, FMT)       unscaled code values as float32 (float, int8, fp8 kinds)
+    f32_to_bf16_rne(x)                 float32 -> bfloat16, ties to even, with integer ops (the CPU
+                                       interpreter truncates in `.to(tl.bfloat16)`; GPUs round)
 """
 
 from __future__ import annotations
@@ -186,3 +188,12 @@ def decode_codes_f32(codes, FMT: tl.constexpr):
     else:
         v = codes.to(tl.float32)
     return v
+
+
+@triton.jit
+def f32_to_bf16_rne(x):
+    """float32 -> bfloat16 rounded to nearest even (NaN stays a quiet NaN), by integer ops."""
+    bits = x.to(tl.int32, bitcast=True)
+    r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    r = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, (bits >> 16) | 0x40, r)
+    return r.to(tl.int16).to(tl.bfloat16, bitcast=True)

@@ -1,0 +1,175 @@
+"""Cache write: quantize the new tokens' K and V and scatter them into the paged pools (one launch).
+
+Grid (cdiv(T, BLOCK_T), Hkv): each program takes BLOCK_T tokens of one kv head, for K and for V.
+Codes, scales and zeros equal `kvpack.attention.reference.write_kv` bit for bit: float32 math with
+IEEE division (`div_rn`), scales rounded to float16 before use, round-half-even, clamp. Rotation
+(int4) is `x.float() @ R` in the launcher, the very op the reference runs, so the codes match.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpack.attention.kv_cache import CachePool, LayerKVCache
+from kvpack.formats import QMAX
+from kvpack.kernels.quant import (
+    K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_encode, int4_encode, int4_pack, int8_encode,
+)
+
+
+@triton.jit
+def _absmax_scale(x, QMAX: tl.constexpr):
+    """Dynamic scale per row of x [BT, D] (padding holds 0): fp16(absmax / QMAX), 0 -> 1; float32."""
+    s = tl.math.div_rn(tl.max(tl.abs(x), axis=1), QMAX).to(tl.float16)
+    return tl.where(s == 0.0, 1.0, s.to(tl.float32))
+
+
+@triton.jit
+def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr,
+                cs0, cs1, cs2, ss0, ss1, ss2, blk, off, tok, tmask, h,
+                FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
+                D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
+                NG: tl.constexpr):
+    x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh  # [BT] pointers
+    c_row = blk * cs0 + h * cs1 + off * cs2  # [BT] int64 element offsets
+    s_row = blk * ss0 + h * ss1 + off * ss2
+    if FMT == K_FMT_INT4:
+        HALF: tl.constexpr = D // 2
+        j = tl.arange(0, HALF_PAD)
+        jm = tmask[:, None] & (j < HALF)[None, :]
+        x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
+        x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
+        s_lo = tl.zeros_like(x_lo)
+        s_hi = tl.zeros_like(x_lo)
+        m_lo = tl.zeros_like(x_lo)
+        m_hi = tl.zeros_like(x_lo)
+        for g in tl.static_range(NG):
+            in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
+            in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G) & (j < HALF))[None, :]
+            mx = tl.maximum(tl.max(tl.where(in_lo, x_lo, -float("inf")), axis=1),
+                            tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
+            mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
+                            tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
+            s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
+            s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
+            m = mn.to(tl.float16)
+            tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
+            tl.store(zeros_ptr + s_row + g, m, mask=tmask)
+            s_lo = tl.where(in_lo, s[:, None], s_lo)
+            s_hi = tl.where(in_hi, s[:, None], s_hi)
+            m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
+            m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
+        s_lo = tl.where(jm, s_lo, 1.0)
+        s_hi = tl.where(jm, s_hi, 1.0)
+        packed = int4_pack(int4_encode(x_lo, m_lo, s_lo), int4_encode(x_hi, m_hi, s_hi))
+        tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=jm)
+    else:
+        d = tl.arange(0, D_PAD)
+        dm = tmask[:, None] & (d < D)[None, :]
+        x = tl.load(x_row[:, None] + d[None, :], mask=dm, other=0.0).to(tl.float32)
+        c_ptrs = codes_ptr + c_row[:, None] + d[None, :]
+        if FMT == K_FMT_FLOAT:
+            if codes_ptr.dtype.element_ty == tl.bfloat16:
+                tl.store(c_ptrs, f32_to_bf16_rne(x), mask=dm)
+            else:
+                tl.store(c_ptrs, x.to(codes_ptr.dtype.element_ty), mask=dm)
+        else:
+            if STATIC:
+                s = tl.load(static_ptr + h)
+                xs = x
+            else:
+                s1 = _absmax_scale(x, QMAX)
+                tl.store(scales_ptr + s_row, s1.to(tl.float16), mask=tmask)
+                s = s1[:, None]
+            if FMT == K_FMT_INT8:
+                code = int8_encode(x, s).to(tl.int8)
+            else:
+                code = fp8_encode(tl.math.div_rn(x, s), FMT)
+            tl.store(c_ptrs, code, mask=dm)
+
+
+@triton.jit
+def _cache_write_kernel(
+    k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, slot_ptr, T,
+    kc_ptr, ks_ptr, kz_ptr, kst_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
+    vc_ptr, vs_ptr, vz_ptr, vst_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
+    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_QMAX: tl.constexpr, K_G: tl.constexpr,
+    K_NG: tl.constexpr,
+    V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_QMAX: tl.constexpr, V_G: tl.constexpr,
+    V_NG: tl.constexpr,
+):
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
+    tmask = slot >= 0
+    slot = tl.where(tmask, slot, 0)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    _write_side(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr,
+                kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
+                K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG)
+    _write_side(v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr,
+                vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
+                V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG)
+
+
+_rotations: dict[tuple, torch.Tensor] = {}
+
+
+def _prepare_input(x: torch.Tensor, pool: CachePool) -> torch.Tensor:
+    """Rotate as the reference does (float32 `x @ R`); otherwise pass x through (any float dtype)."""
+    if pool.fmt.rotate:
+        key = (pool.fmt.head_dim, str(x.device))
+        r = _rotations.get(key)
+        if r is None:
+            r = _rotations[key] = pool.fmt.rotation(x.device).to(device=x.device, dtype=torch.float32)
+        x = x.to(torch.float32) @ r
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _pool_args(pool: CachePool) -> list:
+    codes = pool.codes
+    scales = pool.scales if pool.scales is not None else codes
+    zeros = pool.zeros if pool.zeros is not None else scales
+    static = pool.static_scale if pool.static_scale is not None else codes
+    return [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
+
+
+def _fmt_constexprs(pool: CachePool) -> list:
+    fmt = pool.fmt
+    qmax = float(QMAX.get(fmt.kind, 1.0))
+    return [fmt.kernel_id, fmt.scale_mode == "static", qmax, fmt.group_size, fmt.head_dim // fmt.group_size]
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
+    """Quantize and scatter new tokens into the cache (Triton), same contract as the reference.
+
+    k, v:         [T, Hkv, D] float (bf16/fp16/fp32), post-RoPE, unrotated; last dim contiguous.
+    layer_cache:  LayerKVCache whose pools follow `kvpack.attention.kv_cache.CachePool`.
+    slot_mapping: [T] int64 (or int32), block_id * block_size + offset; -1 entries are skipped.
+    """
+    kp, vp = layer_cache.k, layer_cache.v
+    T, H, D = k.shape
+    assert v.shape == k.shape and slot_mapping.shape == (T,), (k.shape, v.shape, slot_mapping.shape)
+    assert kp.fmt.head_dim == D and vp.fmt.head_dim == D and kp.num_kv_heads == H
+    for pool in (kp, vp):
+        assert pool.codes.is_contiguous() and (pool.scales is None or pool.scales.is_contiguous())
+    if T == 0:
+        return
+    k, v = _prepare_input(k, kp), _prepare_input(v, vp)
+    slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
+    d_pad = triton.next_power_of_2(D)
+    half_pad = max(triton.next_power_of_2(D // 2), 1)
+    block_t = max(1, min(16, 2048 // d_pad))
+    grid = (triton.cdiv(T, block_t), H)
+    _cache_write_kernel[grid](
+        k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
+        *_pool_args(kp), *_pool_args(vp),
+        kp.block_size, block_t, D, d_pad, half_pad,
+        *_fmt_constexprs(kp), *_fmt_constexprs(vp),
+        num_warps=4,
+    )

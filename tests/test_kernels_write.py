@@ -1,0 +1,136 @@
+"""Tier (b): the Triton cache-write kernel equals the PyTorch reference bit for bit.
+
+Runs under TRITON_INTERPRET=1 on CPU (tests/conftest.py), small shapes; `gpu` tests repeat it
+on large shapes. Codes, scales and zeros must be identical; cache slots not written must stay
+untouched (the pools start filled with a poison pattern).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpack.attention import LayerKVCache, allocate_pool
+from kvpack.attention import reference
+from kvpack.formats import resolve_format
+
+FORMATS = ["bfloat16", "float16", "float32", "int8", "int8-static", "int4", "int4-norot",
+           "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2", "fp8_e5m2-static"]
+
+
+def make_pool(name: str, head_dim: int, num_blocks: int, num_kv_heads: int, block_size: int,
+              device, group_size: int = 32, gen: torch.Generator | None = None):
+    base, _, variant = name.partition("-")
+    fmt = resolve_format(base, head_dim=head_dim, static=variant == "static",
+                         rotate=variant != "norot", int4_group_size=group_size)
+    static = None
+    if fmt.scale_mode == "static":
+        static = (torch.rand(num_kv_heads, generator=gen) * 0.05 + 0.01).float()
+    pool = allocate_pool(fmt, num_blocks, num_kv_heads, block_size, device, static)
+    # poison: distinct random bytes, so untouched slots are recognisable
+    for t in (pool.codes, pool.scales, pool.zeros):
+        if t is not None:
+            t.view(torch.uint8).copy_(torch.randint(0, 256, t.view(torch.uint8).shape, generator=gen,
+                                                    dtype=torch.uint8).to(t.device))
+    return pool
+
+
+def clone_cache(lc: LayerKVCache) -> LayerKVCache:
+    def c(p):
+        return type(p)(p.codes.clone(), None if p.scales is None else p.scales.clone(),
+                       None if p.zeros is None else p.zeros.clone(), p.static_scale, p.fmt)
+    return LayerKVCache(c(lc.k), c(lc.v))
+
+
+def assert_same_cache(a: LayerKVCache, b: LayerKVCache) -> None:
+    for side in ("k", "v"):
+        pa, pb = getattr(a, side), getattr(b, side)
+        for name in ("codes", "scales", "zeros"):
+            ta, tb = getattr(pa, name), getattr(pb, name)
+            if ta is None:
+                assert tb is None
+                continue
+            ba, bb = ta.view(torch.uint8), tb.view(torch.uint8)
+            bad = (ba != bb).nonzero()
+            assert bad.numel() == 0, f"{side}.{name} ({pa.fmt.name}): {bad.shape[0]} bytes differ, first at {bad[0].tolist()}"
+
+
+def make_inputs(T: int, H: int, D: int, dtype, gen, outliers: bool = True):
+    k = torch.randn(T, H, D, generator=gen)
+    v = torch.randn(T, H, D, generator=gen)
+    if outliers:  # a few large channels, some exact zeros, an all-zero token, a tie-heavy row
+        k[:, :, 3] *= 20
+        v[:, :, D - 1] *= 8
+        k[0, 0] = 0
+        if T > 2:
+            v[1, H - 1] = torch.arange(D) * 0.5 - D / 4
+    return k.to(dtype), v.to(dtype)
+
+
+def run_write(k_name, v_name, T=37, H=2, D=64, block_size=16, dtype=torch.float16, group_size=32,
+              drop=True, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = (T + block_size - 1) // block_size + 3
+    lc = LayerKVCache(make_pool(k_name, D, num_blocks, H, block_size, device, group_size, gen),
+                      make_pool(v_name, D, num_blocks, H, block_size, device, group_size, gen))
+    k, v = make_inputs(T, H, D, dtype, gen)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:T]
+    if drop:
+        slots[torch.randperm(T, generator=gen)[: max(1, T // 5)]] = -1
+    k, v, slots = k.to(device), v.to(device), slots.to(device)
+    ref = clone_cache(lc)
+    reference.write_kv(k, v, ref, slots)
+    from kvpack.kernels import write_kv
+
+    write_kv(k, v, lc, slots)
+    assert_same_cache(lc, ref)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_write_each_format(name):
+    run_write(name, name)
+
+
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int4"), ("fp8_e5m2", "bfloat16"), ("int4", "fp8_e4m3-static")])
+def test_write_mixed_k_v_formats(k_name, v_name):
+    run_write(k_name, v_name, T=21, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("D,group", [(80, 32), (128, 64), (96, 32)])
+@pytest.mark.parametrize("name", ["int4", "int8", "fp8_e4m3"])
+def test_write_head_dims(name, D, group):
+    run_write(name, name, T=9, H=3, D=D, block_size=32, group_size=group, dtype=torch.float32)
+
+
+def test_write_single_token_and_all_dropped():
+    run_write("int4", "int8", T=1, drop=False)
+    run_write("int8", "int8", T=3, drop=False, seed=1)
+
+
+def test_write_extreme_values():
+    """Huge, tiny, subnormal-scale inputs: saturation and the s == 0 -> 1 rule."""
+    gen = torch.Generator().manual_seed(5)
+    for name in ("int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp8_e4m3-static", "int8-static"):
+        D, H, bs = 64, 2, 16
+        lc = LayerKVCache(make_pool(name, D, 2, H, bs, "cpu", gen=gen), make_pool(name, D, 2, H, bs, "cpu", gen=gen))
+        k = torch.randn(4, H, D, generator=gen)
+        k[0] *= 1e-6
+        k[1] *= 3e4
+        k[2] = 1e-30
+        k[3, 0, 5] = 1e9
+        v = k.flip(0).clone()
+        slots = torch.tensor([0, 5, 17, 31])
+        ref = clone_cache(lc)
+        reference.write_kv(k, v, ref, slots)
+        from kvpack.kernels import write_kv
+
+        write_kv(k, v, lc, slots)
+        assert_same_cache(lc, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_write_gpu_large(name, D, block_size):
+    run_write(name, name, T=3000, H=8, D=D, block_size=block_size, dtype=torch.bfloat16, device="cuda")
