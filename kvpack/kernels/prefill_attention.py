@@ -1,0 +1,368 @@
+"""Paged attention for mixed prefill/decode batches (any query length), every KV format, in Triton.
+
+Flash-attention-2 over the paged cache. One program owns a query tile of one sequence and one kv
+head; the `GROUP = Hq // Hkv` query heads sharing that kv head are folded into the M dimension
+(row r = token r // GROUP, head r % GROUP), so each K/V tile is read and dequantized once for all
+of them. Programs walk KV tiles of BLOCK_N tokens through the block table up to the causal limit of
+their tile: first the tiles every row sees in full (no masks), then the diagonal tiles (masked).
+
+Numerics: the head dim is handled as two halves (channels [0, D/2) and [D/2, D)), which is the
+int4 nibble order and costs nothing for the other formats. Dot operands are in q's dtype (fp16 or
+bf16; fp32 q uses fp32 operands with input_precision="ieee") with fp32 accumulation; the online
+softmax runs in fp32 with exp2. K: codes are converted exactly to the operand dtype (int8 codes,
+fp8 values) and the per-token scale is applied to the fp32 score columns; int4 K is dequantized
+in registers (code * scale + zero per group). V: dequantized in registers (value * scale), which
+keeps fp16 operands out of the subnormal range that folding scales into p would hit. Static
+per-head scales are applied once: into the softmax scale (K) and to the output (V).
+
+Rotation is the caller's job (`kvpack.kernels.paged_attention`): q arrives already multiplied by R
+when K is rotated, and the output is in V's rotated basis when V is rotated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpack.config import KVPackError
+from kvpack.kernels.quant import (
+    K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, fp8_decode_f16, fp8_f16_factor, int4_hi, int4_lo,
+)
+
+if TYPE_CHECKING:
+    from kvpack.attention.kv_cache import CachePool, LayerKVCache
+    from kvpack.attention.metadata import AttentionMetadata
+
+
+
+@triton.jit
+def _ld(ptrs, mask, other, HAS_MASK: tl.constexpr):
+    if HAS_MASK:
+        return tl.load(ptrs, mask=mask, other=other)
+    else:
+        return tl.load(ptrs)
+
+
+# ---- one K or V tile -------------------------------------------------------------------------
+@triton.jit
+def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
+                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, FOLD: tl.constexpr,
+                  GS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DT: tl.constexpr):
+    """Load BLOCK_N tokens of one kv head as two half-dim tiles [BLOCK_N, HALF_PAD] in DT.
+
+    code_off / scale_off: [BLOCK_N] int64 element offsets of each token's codes / scale groups.
+    Returns (lo, hi, col): the tile's values are (lo | hi) * col. col is a [BLOCK_N] float32
+    per-token scale (times the fp8 factor) when FOLD and the format stores per-token scales,
+    else a scalar constant (1.0, or the fp8 factor); without FOLD per-token scales are applied.
+    """
+    d = tl.arange(0, HALF_PAD)
+    HAS_MASK: tl.constexpr = MASK_N or (HALF != HALF_PAD)
+    msk = (d < HALF)[None, :] & n_mask[:, None]
+    ptrs = codes_ptr + code_off[:, None] + d[None, :]
+    col = 1.0
+    if FMT == K_FMT_INT4:
+        byte = _ld(ptrs, msk, 0, HAS_MASK)
+        lo = int4_lo(byte).to(tl.float32)
+        hi = int4_hi(byte).to(tl.float32)
+        if (HALF == HALF_PAD) and (HALF % GS == 0):  # whole groups per half: broadcast [N, NGH]
+            NGH: tl.constexpr = HALF // GS
+            sp = scale_off[:, None] + tl.arange(0, NGH)[None, :]
+            smsk = n_mask[:, None]
+            s_lo = _ld(scales_ptr + sp, smsk, 1.0, MASK_N).to(tl.float32)
+            s_hi = _ld(scales_ptr + sp + NGH, smsk, 1.0, MASK_N).to(tl.float32)
+            z_lo = _ld(zeros_ptr + sp, smsk, 0.0, MASK_N).to(tl.float32)
+            z_hi = _ld(zeros_ptr + sp + NGH, smsk, 0.0, MASK_N).to(tl.float32)
+            s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
+            s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
+            z_lo = tl.reshape(tl.broadcast_to(z_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
+            z_hi = tl.reshape(tl.broadcast_to(z_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
+        else:  # groups straddle the halves (head dims 80, 96): gather each channel's group
+            sp_lo = scale_off[:, None] + (d // GS)[None, :]
+            sp_hi = scale_off[:, None] + ((d + HALF) // GS)[None, :]
+            s_lo = _ld(scales_ptr + sp_lo, msk, 1.0, HAS_MASK).to(tl.float32)
+            s_hi = _ld(scales_ptr + sp_hi, msk, 1.0, HAS_MASK).to(tl.float32)
+            z_lo = _ld(zeros_ptr + sp_lo, msk, 0.0, HAS_MASK).to(tl.float32)
+            z_hi = _ld(zeros_ptr + sp_hi, msk, 0.0, HAS_MASK).to(tl.float32)
+        lo = lo * s_lo + z_lo
+        hi = hi * s_hi + z_hi
+    else:
+        lo = _ld(ptrs, msk, 0, HAS_MASK)
+        hi = _ld(ptrs + HALF, msk, 0, HAS_MASK)
+        if FMT == K_FMT_FP8E4M3 or FMT == K_FMT_FP8E5M2:
+            # exact fp16 values scaled by 1 / factor (e4m3 NaN codes are not kept: finite
+            # inputs never produce them); the factor joins the per-token scale
+            lo = fp8_decode_f16(lo, FMT)
+            hi = fp8_decode_f16(hi, FMT)
+            col = fp8_f16_factor(FMT)
+        if TOKEN_SCALE:
+            col = col * _ld(scales_ptr + scale_off, n_mask, 1.0, MASK_N).to(tl.float32)
+            if not FOLD:  # per-token V scales: dequantize in registers
+                lo = lo.to(tl.float32) * col[:, None]
+                hi = hi.to(tl.float32) * col[:, None]
+                col = 1.0
+    return lo.to(DT), hi.to(DT), col
+
+
+@triton.jit
+def _dot(a, b, acc, F32: tl.constexpr):
+    if F32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+# ---- the kernel ------------------------------------------------------------------------------
+@triton.jit
+def _attend(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+            kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
+            s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
+            s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
+            K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_TOKEN: tl.constexpr, V_TOKEN: tl.constexpr,
+            K_GS: tl.constexpr, V_GS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+            MASKED: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr):
+    """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks)."""
+    pos_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = pos_n < kv_end
+    if MASKED:
+        blk = tl.load(bt_row + pos_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row + pos_n // BLOCK_SIZE).to(tl.int64)
+    off = (pos_n % BLOCK_SIZE).to(tl.int64)
+    k_lo, k_hi, k_col = _load_kv_tile(
+        kc_ptr, ks_ptr, kz_ptr, blk * s_kcb + kvh * s_kch + off * s_kct,
+        blk * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
+        K_FMT, K_TOKEN, True, K_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
+    s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    s = _dot(q_lo, tl.trans(k_lo), s, F32)
+    s = _dot(q_hi, tl.trans(k_hi), s, F32)
+    if K_TOKEN and K_FMT != K_FMT_INT4:
+        s = s * (k_col * qk_scale)[None, :]
+    else:
+        s = s * (k_col * qk_scale)
+    if MASKED:
+        s = tl.where((pos_n[None, :] <= pos_m[:, None]) & n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_lo, v_hi, v_col = _load_kv_tile(
+        vc_ptr, vs_ptr, vz_ptr, blk * s_vcb + kvh * s_vch + off * s_vct,
+        blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
+        V_FMT, V_TOKEN, False, V_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
+    p = p.to(DT)  # v_col is a constant (1 or the fp8 factor): applied once to the output
+    acc_lo = _dot(p, v_lo, acc_lo * alpha[:, None], F32)
+    acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None], F32)
+    return acc_lo, acc_hi, m_new, l_i
+
+
+@triton.jit
+def _prefill_attn_kernel(
+    q_ptr, o_ptr, tile_seq_ptr, tile_start_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
+    kc_ptr, ks_ptr, kz_ptr, kss_ptr, vc_ptr, vs_ptr, vz_ptr, vss_ptr,
+    sm_scale,
+    s_qt, s_qh, s_ot, s_oh, s_bt,
+    s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
+    s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
+    K_GS: tl.constexpr, V_GS: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr,
+):
+    # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + pid)
+    if seq < 0:
+        return
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP  # query tokens per tile
+    t0 = tl.load(tile_start_ptr + pid)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    ctx = tl.load(seq_lens_ptr + seq) - q_len  # cached prefix before this step's tokens
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = t0 + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
+    pos_m = ctx + tok
+    d = tl.arange(0, HALF_PAD)
+    qmask = row_ok[:, None] & (d < HALF)[None, :]
+    q_ptrs = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh + d[None, :]
+    q_lo = tl.load(q_ptrs, mask=qmask, other=0.0).to(DT)
+    q_hi = tl.load(q_ptrs + HALF, mask=qmask, other=0.0).to(DT)
+
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
+    if K_MODE == 2:
+        qk_scale = qk_scale * tl.load(kss_ptr + kvh)
+    acc_lo = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    bt_row = bt_ptr + seq.to(tl.int64) * s_bt
+    kv_end = ctx + tl.minimum(t0 + BLOCK_Q, q_len)  # keys [0, kv_end) are visible to some row
+    kv_full = (ctx + t0 + 1) // BLOCK_N * BLOCK_N  # keys [0, kv_full) are visible to every row
+    for n0 in range(0, kv_full, BLOCK_N):
+        acc_lo, acc_hi, m_i, l_i = _attend(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+            kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
+            s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
+            K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
+            BLOCK_M, BLOCK_N, BLOCK_SIZE, False, DT, F32)
+    for n0 in range(kv_full, kv_end, BLOCK_N):
+        acc_lo, acc_hi, m_i, l_i = _attend(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+            kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
+            s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
+            K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
+            BLOCK_M, BLOCK_N, BLOCK_SIZE, True, DT, F32)
+
+    inv_l = 1.0 / l_i
+    if V_MODE == 2:
+        inv_l = inv_l * tl.load(vss_ptr + kvh)
+    if (V_MODE != 1) and (V_FMT == K_FMT_FP8E4M3 or V_FMT == K_FMT_FP8E5M2):
+        inv_l = inv_l * fp8_f16_factor(V_FMT)
+    o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
+    tl.store(o_ptrs, (acc_lo * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
+    tl.store(o_ptrs + HALF, (acc_hi * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
+
+
+# ---- launcher --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TileConfig:
+    """Tiling of one launch: BLOCK_M query rows (tokens x GROUP heads), BLOCK_N keys per step."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def pick_tile_config(head_dim: int, device: torch.device) -> TileConfig:
+    """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return TileConfig(32, 16, 4, 1)
+    major, minor = torch.cuda.get_device_capability(device)
+    big = head_dim > 128
+    if major >= 9:  # Hopper: 2 warpgroups x 64 rows; ~227 KB of shared memory
+        return TileConfig(128, 32, 8, 2) if big else TileConfig(128, 64, 8, 3)
+    if (major, minor) == (8, 0):  # A100: 164 KB of shared memory
+        return TileConfig(64, 32, 4, 2) if big else TileConfig(128, 64, 8, 2)
+    return TileConfig(64, 32, 4, 2) if big else TileConfig(64, 64, 4, 2)  # ~100 KB parts
+
+
+def build_tile_map(query_start_loc: torch.Tensor, block_q: int, num_tokens: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map each program to (sequence, first query token of its tile) with device ops only.
+
+    query_start_loc: [B + 1] int32. Returns tile_seq, tile_start: [num_tokens // block_q + B] int32
+    (an upper bound on the tile count that needs no host sync, so the launch is CUDA-graph
+    capturable for fixed T and B); unused programs get tile_seq == -1. Within a sequence the tiles
+    run last-first: the ones with the most keys start earliest.
+    """
+    num_seqs = query_start_loc.numel() - 1
+    dev = query_start_loc.device
+    grid = num_tokens // block_q + num_seqs
+    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    n_tiles = (q_lens + block_q - 1) // block_q
+    ends = torch.cumsum(n_tiles, 0)
+    t = torch.arange(grid, device=dev)
+    seq = torch.searchsorted(ends, t, right=True).clamp_(max=max(num_seqs - 1, 0))
+    local = t - (ends[seq] - n_tiles[seq])
+    start = (n_tiles[seq] - 1 - local) * block_q
+    tile_seq = torch.where(t < ends[-1], seq, -1).to(torch.int32)
+    return tile_seq, start.to(torch.int32)
+
+
+_MODES = {"none": 0, "token": 1, "static": 2}
+_DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
+    fmt = pool.fmt
+    codes = pool.codes
+    if codes.stride(-1) != 1:
+        raise KVPackError("KV cache codes must be contiguous in their last dim")
+    scales = pool.scales if pool.scales is not None else codes
+    zeros = pool.zeros if pool.zeros is not None else scales
+    static = pool.static_scale if pool.static_scale is not None else codes
+    mode = _MODES[fmt.scale_mode]
+    if mode == 1 and (pool.scales is None or (fmt.kind == "int4" and pool.zeros is None)):
+        raise KVPackError(f"KV format {fmt.name!r} needs per-token scales in the cache")
+    if mode == 2 and pool.static_scale is None:
+        raise KVPackError(f"KV format {fmt.name!r} needs static per-head scales")
+    ptrs = [codes, scales, zeros, static]
+    strides = [codes.stride(0), codes.stride(1), codes.stride(2),
+               scales.stride(0), scales.stride(1), scales.stride(2)]
+    gs = fmt.group_size if fmt.kind == "int4" else 1
+    return ptrs, strides, fmt.kernel_id, mode, gs
+
+
+def prefill_paged_attention(
+    q: torch.Tensor,
+    layer_cache: LayerKVCache,
+    metadata: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    config: TileConfig | None = None,
+    tile_map: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Causal paged attention of a mixed batch (prefill chunks and decodes) over the cache.
+
+    q:   [T, Hq, D] float16 / bfloat16 / float32, last dim contiguous; already multiplied by R when
+         K is rotated. Query token i of sequence b sits at position seq_lens[b] - q_len[b] + i.
+    layer_cache: K and V pools (any formats; codes [num_blocks, Hkv, block_size, code_width]).
+    metadata: query_start_loc [B+1] int32, seq_lens [B] int32, block_tables [B, max_blocks] int32.
+    scale: softmax scale (usually D ** -0.5).
+    out: optional [T, Hq, D] in q's dtype. Rows of tokens past query_start_loc[-1] are not written.
+    config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
+    Returns out [T, Hq, D] in q's dtype (in V's rotated basis when V is rotated).
+    """
+    kp, vp = layer_cache.k, layer_cache.v
+    if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
+        raise KVPackError(f"q must be [T, Hq, D] float16/bfloat16/float32, got {tuple(q.shape)} {q.dtype}")
+    T, Hq, D = q.shape
+    Hkv = kp.num_kv_heads
+    if D != kp.fmt.head_dim or D != vp.fmt.head_dim or D % 2:
+        raise KVPackError(f"q head dim {D} does not match the KV cache head dim {kp.fmt.head_dim}")
+    if Hq % Hkv or vp.num_kv_heads != Hkv:
+        raise KVPackError(f"{Hq} query heads are not a multiple of {Hkv} kv heads")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise KVPackError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
+    num_seqs = metadata.seq_lens.shape[0]
+    if T == 0 or num_seqs == 0:
+        return out
+    group = Hq // Hkv
+    half = D // 2
+    cfg = config or pick_tile_config(D, q.device)
+    block_m = max(cfg.block_m, triton.next_power_of_2(group))
+    block_q = block_m // group
+    tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
+    k_ptrs, k_strides, k_fmt, k_mode, k_gs = _pool_args(kp)
+    v_ptrs, v_strides, v_fmt, v_mode, v_gs = _pool_args(vp)
+    bt = metadata.block_tables
+    grid = (tile_seq.numel(), Hkv)
+    _prefill_attn_kernel[grid](
+        q, out, tile_seq, tile_start, metadata.query_start_loc, metadata.seq_lens, bt,
+        *k_ptrs, *v_ptrs, float(scale),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), bt.stride(0),
+        *k_strides, *v_strides,
+        GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
+        HALF=half, HALF_PAD=max(16, triton.next_power_of_2(half)),
+        K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
+        DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
