@@ -88,6 +88,28 @@ def test_static_scales():
                           static_scales=(ks[:1], vs))
 
 
+def test_scales_file_is_loaded_from_cache_config(tmp_path):
+    """kv_scales_path alone: the file is read with formats.load_scales, each side takes the
+    scales of its own format (K int8, V fp8_e4m3)."""
+    from kvpack.formats import load_scales, save_scales
+
+    mc = model_config(head_dim=64, layers=2, kv_heads=2)
+    k_abs, v_abs = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[5.0, 6.0], [7.0, 8.0]])
+    path = tmp_path / "scales.json"
+    save_scales(path, mc, k_absmax=k_abs, v_absmax=v_abs, num_tokens=10)
+    cc = CacheConfig(k_cache_dtype="int8", v_cache_dtype="fp8", kv_scales_path=str(path))
+    cache = allocate_kv_cache(mc, cc, 2, "cpu", torch.bfloat16)
+    file = load_scales(path, mc)
+    for i in range(2):
+        assert cache[i].k.fmt.scale_mode == cache[i].v.fmt.scale_mode == "static"
+        torch.testing.assert_close(cache[i].k.static_scale, file.for_format("int8")[0][i], atol=0, rtol=0)
+        torch.testing.assert_close(cache[i].v.static_scale, file.for_format("fp8_e4m3")[1][i], atol=0, rtol=0)
+    torch.testing.assert_close(cache[1].k.static_scale, k_abs[1] / 127)
+    with pytest.raises(ConfigError, match="not found"):
+        allocate_kv_cache(mc, CacheConfig(kv_cache_dtype="int8", kv_scales_path=str(tmp_path / "x.json")),
+                          2, "cpu", torch.bfloat16)
+
+
 def test_bad_names_raise_config_error():
     with pytest.raises(ConfigError):
         allocate_kv_cache(model_config(), CacheConfig(kv_cache_dtype="int3"), 2, "cpu", torch.bfloat16)
@@ -101,8 +123,8 @@ def test_write_then_gather_holds_the_format_codes(name):
     format's own dequantize(quantize(x @ R)) for the written positions."""
     d, hkv, bs = 64, 2, 16
     fmt = resolve_format(name, head_dim=d)
-    cache = allocate_kv_cache(model_config(d, layers=1, kv_heads=hkv), CacheConfig(block_size=bs, kv_cache_dtype=name),
-                              4, "cpu", torch.float32)[0]
+    cc = CacheConfig(block_size=bs, kv_cache_dtype=name)
+    cache = allocate_kv_cache(model_config(d, layers=1, kv_heads=hkv), cc, 4, "cpu", torch.float32)[0]
     for pool in (cache.k, cache.v):
         pool.codes.view(torch.uint8).fill_(0x5A)
     table = [3, 0, 2]
@@ -113,14 +135,15 @@ def test_write_then_gather_holds_the_format_codes(name):
     slots[5] = -1
     ref.write_kv(k, v, cache, slots)
     r = fmt.rotation("cpu")
-    want = fmt.dequantize(*fmt.quantize(k @ r if r is not None else k))
+    kr = k @ r if r is not None else k
+    want = fmt.dequantize(*fmt.quantize(kr))
     got = ref.gather_kv(cache.k, md.block_tables[0], 40)
     keep = torch.arange(40) != 5
     torch.testing.assert_close(got[keep], want[keep], atol=0, rtol=0)
     # position 5 (block 3, offset 5) still holds the poison bytes; block 1 was never touched
     assert bool((cache.k.codes[3, :, 5].view(torch.uint8) == 0x5A).all())
     assert bool((cache.v.codes[1].view(torch.uint8) == 0x5A).all())
-    assert cache.k.codes[0, 0, 0].tolist() == fmt.quantize(k[16:17] @ r if r is not None else k[16:17])[0][0, 0].tolist()
+    assert cache.k.codes[0, 0, 0].tolist() == fmt.quantize(kr[16:17])[0][0, 0].tolist()  # table[1] = 0
 
 
 def test_backend_selection(monkeypatch):
@@ -140,4 +163,5 @@ def test_triton_backend_uses_kernel_launchers(monkeypatch):
         pytest.skip("kvpack.kernels has no launchers yet")
     monkeypatch.setenv(backend_mod.ENV_VAR, "triton")
     b = get_attention_backend("cpu")
-    assert b.name == "triton" and b.write_kv is kernels.write_kv and b.paged_attention is kernels.paged_attention
+    assert b.name == "triton" and b.write_kv is kernels.write_kv
+    assert b.paged_attention is kernels.paged_attention

@@ -54,7 +54,8 @@ _cache: dict[str, AttentionBackend] = {}
 
 
 def get_attention_backend(device: torch.device | str | None = None) -> AttentionBackend:
-    """The backend for `device` (reference on CPU, triton on CUDA), or the one named in $KVPACK_ATTENTION_BACKEND."""
+    """The backend for `device`: reference on CPU, triton on CUDA, unless $KVPACK_ATTENTION_BACKEND
+    names one."""
     name = os.environ.get(ENV_VAR, "").strip().lower()
     if not name:
         dev = torch.device(device) if device is not None else torch.device("cpu")
