@@ -80,19 +80,20 @@ def _shard_slices(model: nn.Module, param_name: str) -> list[tuple[int, int]]:
     return [(0, i), (i, i)]
 
 
+def _num_shards(param_name: str) -> int:
+    """How many checkpoint tensors are stacked in a parameter (0: not fused)."""
+    if ".qkv_proj." in param_name:
+        return 3
+    return 2 if ".gate_up_proj." in param_name else 0
+
+
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
     """Copy (transformers-name, tensor) pairs into `model`'s parameters, casting to their dtype and
     device; raise `KVPackError` naming the tensor on a shape mismatch or when one is missing."""
     params = dict(model.named_parameters())
     tied = getattr(model, "lm_head", 0) is None
-    expected = set()
-    for name, p in params.items():
-        if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
-            expected |= {(name, s) for s in range(3)}
-        elif name.endswith("gate_up_proj.weight"):
-            expected |= {(name, s) for s in range(2)}
-        else:
-            expected.add((name, None))
+    shards = {name: _num_shards(name) for name in params}
+    expected = {(name, s) for name, n in shards.items() for s in (range(n) if n else [None])}
     loaded: set[tuple[str, int | None]] = set()
     for hf_name, tensor in weights:
         if IGNORED.search(hf_name) or (tied and hf_name.startswith("lm_head.")):
@@ -112,7 +113,10 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
             )
         with torch.no_grad():
             dst.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
-        loaded.add((name, shard))
+        if shard is None and shards[name]:  # a whole fused tensor (kvpack's own names)
+            loaded |= {(name, s) for s in range(shards[name])}
+        else:
+            loaded.add((name, shard))
     missing = expected - loaded
     if missing:
         name, shard = sorted(missing, key=lambda x: (x[0], x[1] or 0))[0]
