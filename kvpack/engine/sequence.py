@@ -2,8 +2,8 @@
 
 A request with `n > 1` owns `n` sequences over the same prompt. `token_ids` holds the prompt and
 every token generated so far; `num_computed_tokens` of them have their K/V in the cache (the
-last generated token never has: it is fed to the model on the next step). Output text is
-detokenized incrementally, and stop strings are checked on the new text only.
+last generated token never has: it is fed to the model on the next step). Output text grows
+through an incremental detokenizer, and stop strings are searched for in the new text only.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ class SequenceStatus(enum.Enum):
 
 
 class Detokenizer(Protocol):
-    def decode(self, ids: list[int]) -> str: ...
+    """Incremental decoding (`kvpack.models.Detokenizer`): new ids in, new text out."""
 
+    def add(self, new_ids: list[int]) -> str: ...
 
-# Prompt tokens kept as left context when decoding new tokens, so that tokenizers which treat a
-# word's first piece specially (leading spaces, byte fallbacks) decode it as they would in place.
-_CONTEXT_TOKENS = 5
+    def flush(self) -> str: ...
+
 
 _seq_counter = itertools.count()
 
@@ -63,10 +63,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
-        # Incremental detokenization state (offsets into token_ids).
+        self.stop_reason: str | int | None = None  # the stop string or stop token that ended it
         self.output_text = ""
-        self._prefix_offset = max(0, self.num_prompt_tokens - _CONTEXT_TOKENS)
-        self._read_offset = self.num_prompt_tokens
+        self.detokenizer: Detokenizer | None = None  # set by the engine when it has a tokenizer
         self._stop_checked = 0  # output_text[:_stop_checked] holds no stop string
 
     def __len__(self) -> int:
@@ -107,38 +106,14 @@ class Sequence:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
 
-    # ---- detokenization and stop strings -------------------------------------------------------
+    # ---- output text and stop strings ----------------------------------------------------------
 
-    def detokenize(
-        self, tokenizer: Detokenizer, skip_ids: frozenset[int] = frozenset(), final: bool = False
-    ) -> str:
-        """Append the text of the tokens added since the last call; returns the new text.
-
-        Text is emitted only once it no longer ends in an incomplete UTF-8 sequence (U+FFFD),
-        unless `final` (the sequence has finished: flush whatever is there).
-        `skip_ids` (special tokens, when `skip_special_tokens`) contribute no text.
-        """
-        ids = self.token_ids
-        if skip_ids:
-            context = [t for t in ids[self._prefix_offset:self._read_offset] if t not in skip_ids]
-            full = context + [t for t in ids[self._read_offset:] if t not in skip_ids]
-        else:
-            context, full = ids[self._prefix_offset:self._read_offset], ids[self._prefix_offset:]
-        if len(full) == len(context):
-            self._read_offset = len(ids)  # only skipped tokens arrived
-            return ""
-        prefix_text = tokenizer.decode(context) if context else ""
-        text = tokenizer.decode(full)
-        if len(text) <= len(prefix_text) or (text.endswith("\ufffd") and not final):
-            return ""  # nothing visible yet, or an incomplete UTF-8 sequence: wait for more tokens
-        new = text[len(prefix_text):]
-        self.output_text += new
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(ids)
-        return new
+    def add_text(self, text: str) -> None:
+        self.output_text += text
 
     def find_stop_string(self) -> bool:
-        """Cut `output_text` before the first stop string it now contains; True if one was found."""
+        """Cut `output_text` before the first stop string it now contains; True if one was found
+        (then `stop_reason` is that string)."""
         stops = self.params.stop_strings
         if not stops:
             return False
@@ -152,5 +127,6 @@ class Sequence:
         self._stop_checked = len(self.output_text)
         if best == -1:
             return False
+        self.stop_reason = next(s for s in stops if self.output_text.startswith(s, best))
         self.output_text = self.output_text[:best]
         return True

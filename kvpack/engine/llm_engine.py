@@ -1,0 +1,361 @@
+"""`LLMEngine`: requests in, `RequestOutput`s out, one scheduler step at a time.
+
+`from_args(...)` loads the model, sizes the paged KV pool (`num_blocks`, else `kv_cache_memory`,
+else on GPU what `gpu_memory_utilization` leaves after the weights and a profiled forward pass,
+else on CPU room for `max_num_seqs * max_model_len` tokens capped at 2 GiB) and logs the KV
+format and capacity. `step()` schedules a batch, runs it, samples, detokenizes, applies stop
+conditions and returns the outputs of the requests whose sequences produced a token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvpack.attention.kv_cache import allocate_kv_cache, resolve_kv_formats
+from kvpack.config import CacheConfig, ConfigError, EngineConfig, KVPackError, SchedulerConfig
+from kvpack.engine.block_manager import BlockManager
+from kvpack.engine.model_runner import ModelRunner, get_model_runner_cls
+from kvpack.engine.outputs import CompletionOutput, RequestOutput, completion_of
+from kvpack.engine.sampler import Sampler
+from kvpack.engine.scheduler import Scheduler
+from kvpack.engine.sequence import Sequence
+from kvpack.sampling_params import SamplingParams
+
+__all__ = ["LLMEngine", "RequestOutput", "CompletionOutput", "RequestError"]
+
+logger = logging.getLogger("kvpack")
+GiB = 1 << 30
+CPU_DEFAULT_MAX_MODEL_LEN = 4096
+
+
+class RequestError(KVPackError, ValueError):
+    """A request the engine cannot serve (bad prompt, too long, duplicate id)."""
+
+
+def init_logging() -> None:
+    """INFO messages of the `kvpack` logger go to stderr unless the application configured it."""
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s kvpack: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    arrival_time: float = field(default_factory=time.time)
+    first_token_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    def output(self) -> RequestOutput:
+        metrics = {"arrival_time": self.arrival_time}
+        if self.first_token_time is not None:
+            metrics["first_token_time"] = self.first_token_time
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[completion_of(s) for s in self.seqs],
+            finished=self.finished,
+            num_cached_tokens=self.seqs[0].num_cached_tokens,
+            metrics=metrics,
+        )
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: Any, num_blocks: int) -> None:
+        """Use `from_args`; `loaded` is a `kvpack.models.LoadedModel` already on `config.device`."""
+        self.config = config
+        self.model_config = loaded.model_config
+        self.tokenizer = loaded.tokenizer
+        self.device = torch.device(config.device)
+        cc, sc = config.cache_config, config.scheduler_config
+        self.max_model_len = sc.max_model_len
+        self.eos_token_ids = tuple(self.model_config.eos_token_ids)
+        if self.tokenizer is not None:
+            self.eos_token_ids = tuple(dict.fromkeys((*self.eos_token_ids, *self.tokenizer.eos_token_ids)))
+        model_dtype = loaded.model.dtype
+        self.k_format, self.v_format = resolve_kv_formats(self.model_config, cc, model_dtype)
+        self.kv_cache = allocate_kv_cache(self.model_config, cc, num_blocks, self.device, model_dtype)
+        self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        self.scheduler = Scheduler(sc, self.block_manager)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(config.seed)
+        runner_cls = get_model_runner_cls(self.device, config.enforce_eager)
+        self.model_runner: ModelRunner = runner_cls(
+            loaded.model, self.kv_cache, self.device, Sampler(gen), self.eos_token_ids,
+            max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens)
+        self.model_runner.warmup()
+        self.requests: dict[str, _Request] = {}
+        self._seq_to_request: dict[int, _Request] = {}
+        self._arrival = itertools.count()
+        self.counters = dict(num_requests=0, prompt_tokens=0, generation_tokens=0,
+                             computed_tokens=0, steps=0)
+
+    # ---- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def from_args(
+        cls,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        k_cache_dtype: str | None = None,
+        v_cache_dtype: str | None = None,
+        kv_scales: str | None = None,
+        kv_rotation: bool = True,
+        int4_group_size: int = 32,
+        block_size: int = 16,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        device: str | None = None,
+        seed: int = 0,
+        enforce_eager: bool = False,
+        log_stats: bool = True,
+    ) -> "LLMEngine":
+        from kvpack.engine.memory import plan_kv_cache
+        from kvpack.models import load_model
+
+        init_logging()
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        cache_config = CacheConfig(
+            block_size=block_size, kv_cache_dtype=kv_cache_dtype, k_cache_dtype=k_cache_dtype,
+            v_cache_dtype=v_cache_dtype, kv_scales_path=kv_scales, kv_rotation=kv_rotation,
+            int4_group_size=int4_group_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
+            gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+        )
+        if max_model_len is not None and max_model_len <= 0:
+            raise ConfigError(f"--max-model-len must be positive, got {max_model_len}")
+        t0 = time.perf_counter()
+        loaded = load_model(model, dtype, device, seed=seed)
+        mc = loaded.model_config
+        if log_stats:
+            logger.info("loaded %s (%s, %s) in %.1f s", mc.name or model, str(loaded.model.dtype).removeprefix("torch."),
+                        device, time.perf_counter() - t0)
+        if max_model_len is not None and max_model_len > mc.max_position_embeddings:
+            raise ConfigError(f"--max-model-len {max_model_len} exceeds the model's maximum of "
+                              f"{mc.max_position_embeddings} positions")
+        is_cpu = torch.device(device).type == "cpu"
+        max_num_seqs = max_num_seqs or (64 if is_cpu else 256)
+        user_len = max_model_len
+        max_model_len = max_model_len or (
+            min(mc.max_position_embeddings, CPU_DEFAULT_MAX_MODEL_LEN) if is_cpu else mc.max_position_embeddings)
+        max_num_batched_tokens = max_num_batched_tokens or (2048 if is_cpu else 8192)
+        plan = plan_kv_cache(loaded, cache_config, device, max_num_seqs, max_model_len,
+                             max_num_batched_tokens)
+        pool_tokens = plan.num_blocks * block_size
+        if pool_tokens < max_model_len:
+            if user_len is not None:
+                raise ConfigError(
+                    f"the KV cache holds {pool_tokens} tokens ({plan.num_blocks} blocks), fewer than "
+                    f"--max-model-len {user_len}; lower --max-model-len or give the cache more memory")
+            max_model_len = pool_tokens
+            logger.warning("max_model_len lowered to %d, what the KV cache holds", max_model_len)
+        scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                           max_num_batched_tokens=max_num_batched_tokens,
+                                           max_model_len=max_model_len)
+        config = EngineConfig(model=model or "default", model_config=mc, cache_config=cache_config,
+                              scheduler_config=scheduler_config, dtype=dtype, device=device, seed=seed,
+                              enforce_eager=enforce_eager)
+        engine = cls(config, loaded, plan.num_blocks)
+        if log_stats:
+            engine.log_cache_info(plan.source)
+        return engine
+
+    def log_cache_info(self, source: str = "") -> None:
+        bpt = self.kv_bytes_per_token
+        n, bs = self.block_manager.num_blocks, self.block_manager.block_size
+        tokens = n * bs
+        fmt = (self.k_format.name if self.k_format.name == self.v_format.name
+               else f"K {self.k_format.name} / V {self.v_format.name}")
+        logger.info("KV cache: %s, %d bytes/token, %d blocks x %d = %d tokens, %.3f GiB%s",
+                    fmt, bpt, n, bs, tokens, bpt * tokens / GiB, f" ({source})" if source else "")
+        logger.info("KV cache size: %d tokens; maximum concurrency for %d tokens per request: %.2fx",
+                    tokens, self.max_model_len, tokens / self.max_model_len)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        from kvpack.formats import kv_bytes_per_token
+
+        return kv_bytes_per_token(self.model_config, self.k_format, self.v_format)
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request: a text prompt (tokenized with special tokens) or prompt token ids."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        text, ids = self._tokenize(prompt)
+        if len(ids) + 1 > self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: the prompt "
+                "plus at least one generated token must fit (raise --max-model-len or shorten the prompt)")
+        seqs = []
+        arrival = next(self._arrival)
+        for i in range(params.n):
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(params.seed + i)
+            seq = Sequence(request_id, ids, params, index=i, arrival=arrival, generator=gen)
+            if self.tokenizer is not None:
+                from kvpack.models import Detokenizer
+
+                seq.detokenizer = Detokenizer(self.tokenizer, ids, params.skip_special_tokens)
+            seqs.append(seq)
+        req = _Request(request_id, text, ids, seqs, arrival_time or time.time())
+        self.requests[request_id] = req
+        for seq in seqs:
+            self._seq_to_request[seq.seq_id] = req
+            self.scheduler.add(seq)
+        self.counters["num_requests"] += 1
+        self.counters["prompt_tokens"] += len(ids)
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer; pass prompt token ids")
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        else:
+            ids, text = list(prompt), None
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        if not ids:
+            raise RequestError("the prompt is empty")
+        return text, ids
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its final output, or None if unknown."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        for seq in req.seqs:
+            self._seq_to_request.pop(seq.seq_id, None)
+            if not seq.is_finished:
+                seq.finish("abort")
+        return req.output()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            if self.scheduler.has_unfinished():
+                raise KVPackError("the scheduler cannot make progress: a waiting request does not fit "
+                                  "in the KV cache (raise --num-blocks or lower --max-model-len)")
+            return []
+        result = self.model_runner.execute(batch)
+        self.counters["steps"] += 1
+        self.counters["computed_tokens"] += batch.num_tokens
+        advanced = self.scheduler.update(batch, result.token_ids, result.logprobs)
+        touched: dict[str, _Request] = {}
+        now = time.time()
+        for seq in advanced:
+            req = self._seq_to_request[seq.seq_id]
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self._process_token(seq)
+            touched[req.request_id] = req
+        self.counters["generation_tokens"] += len(advanced)
+        outputs = []
+        for req in touched.values():
+            out = req.output()
+            if out.finished:
+                out.metrics["finished_time"] = now
+                del self.requests[req.request_id]
+                for seq in req.seqs:
+                    self._seq_to_request.pop(seq.seq_id, None)
+            outputs.append(out)
+        return outputs
+
+    def _process_token(self, seq: Sequence) -> None:
+        """Detokenize the newest token of `seq` and apply the stop conditions."""
+        p = seq.params
+        token = seq.token_ids[-1]
+        stop_token = seq.num_output_tokens > p.min_tokens and (
+            token in p.stop_ids or (not p.ignore_eos and token in self.eos_token_ids))
+        if stop_token:  # its text is not part of the output
+            if seq.detokenizer is not None:
+                seq.add_text(seq.detokenizer.flush())
+            seq.stop_reason = token if token in p.stop_ids else None
+            self.scheduler.finish(seq, "stop")
+            return
+        if seq.detokenizer is not None:
+            seq.add_text(seq.detokenizer.add([token]))
+            if seq.num_output_tokens >= p.min_tokens and seq.find_stop_string():
+                self.scheduler.finish(seq, "stop")
+                return
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+            if seq.detokenizer is not None:
+                seq.add_text(seq.detokenizer.flush())
+                if p.stop_strings and seq.find_stop_string():
+                    self.scheduler.finish(seq, "stop")
+                    return
+            self.scheduler.finish(seq, "length")
+
+    # ---- introspection -------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    def stats(self) -> dict[str, Any]:
+        bm = self.block_manager
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_usage": bm.usage,
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "block_size": bm.block_size,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "k_format": self.k_format.name,
+            "v_format": self.v_format.name,
+            "prefix_hit_rate": bm.prefix_hit_rate,
+            "prefix_hit_tokens": bm.num_hit_tokens,
+            "prefix_queried_tokens": bm.num_queried_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+            **self.counters,
+        }

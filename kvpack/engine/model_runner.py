@@ -1,0 +1,152 @@
+"""`ModelRunner`: turns a `ScheduledBatch` into model inputs, runs the model, samples.
+
+`execute(batch)` = `prepare_inputs` (flat input_ids / positions / `AttentionMetadata` and which
+rows need logits) -> `run_model` (the forward pass) -> `compute_logits` (only the last token of
+each sequence that samples this step; a prefill chunk that does not end its prompt needs none)
+-> the `Sampler`. Everything here is device-generic.
+
+Seam for device-specific runners (e.g. CUDA graphs, kept in their own module): subclass and
+override `run_model(input_ids, positions, metadata) -> hidden` (e.g. replay a captured graph for
+pure-decode batches, `metadata.is_pure_decode`, padding with slot -1) and `warmup()` (capture),
+then register the class with `register_model_runner`; `LLMEngine` picks it through
+`get_model_runner_cls(device, enforce_eager)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kvpack.attention.kv_cache import KVCache
+from kvpack.attention.metadata import AttentionMetadata
+from kvpack.engine.sampler import Sampler, SamplerOutput, SamplingBatch
+from kvpack.engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class ModelInputs:
+    """input_ids, positions: [T] int64 on the device; metadata on the device;
+    logits_indices: [S] int64, the rows of the hidden states whose logits are sampled;
+    sample_rows: the S batch indices (into batch.seqs) that sample, in the same order."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_rows: list[int]
+
+
+@dataclass
+class RunnerOutput:
+    """Per sampling sequence (by seq_id): the new token, and its logprobs when asked for."""
+
+    token_ids: dict[int, int]
+    logprobs: dict[int, dict[int, float]]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        device: torch.device | str,
+        sampler: Sampler,
+        eos_token_ids: tuple[int, ...] = (),
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = torch.device(device)
+        self.sampler = sampler
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+
+    def warmup(self) -> None:
+        """Hook for subclasses (e.g. CUDA graph capture); nothing to do eagerly."""
+
+    def prepare_inputs(self, batch: ScheduledBatch) -> ModelInputs:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens, seq_lens, tables, logits_indices, sample_rows = [], [], [], [], []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            tables.append(seq.block_table)
+            if batch.needs_sample(i):
+                logits_indices.append(len(input_ids) - 1)
+                sample_rows.append(i)
+        metadata = AttentionMetadata.build(query_lens, seq_lens, tables, self.block_size, self.device)
+        return ModelInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
+            metadata=metadata,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
+            sample_rows=sample_rows,
+        )
+
+    def run_model(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """The forward pass: [T] ids -> [T, hidden] hidden states (the K/V land in the cache)."""
+        return self.model(input_ids, positions, self.kv_cache, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] -> [S, vocab] float32 for the S sampled rows only."""
+        return self.model.compute_logits(hidden.index_select(0, logits_indices))
+
+    def sampling_batch(self, batch: ScheduledBatch, rows: list[int]) -> SamplingBatch:
+        params, gens, banned = [], [], []
+        for i in rows:
+            seq = batch.seqs[i]
+            p = seq.params
+            params.append(p)
+            gens.append(seq.generator)
+            ban: list[int] = []
+            if seq.num_output_tokens < p.min_tokens:  # neither EOS nor stop tokens yet
+                ban = sorted(set(p.stop_ids) | (set() if p.ignore_eos else set(self.eos_token_ids)))
+            banned.append(ban)
+        return SamplingBatch(params=params, generators=gens, banned_ids=banned)
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        inputs = self.prepare_inputs(batch)
+        hidden = self.run_model(inputs.input_ids, inputs.positions, inputs.metadata)
+        if not inputs.sample_rows:
+            return RunnerOutput({}, {})
+        logits = self.compute_logits(hidden, inputs.logits_indices)
+        out: SamplerOutput = self.sampler(logits, self.sampling_batch(batch, inputs.sample_rows))
+        ids = [batch.seqs[i].seq_id for i in inputs.sample_rows]
+        logprobs = {sid: lp for sid, lp in zip(ids, out.logprobs) if lp is not None}
+        return RunnerOutput(dict(zip(ids, out.token_ids)), logprobs)
+
+
+# ---- runner selection --------------------------------------------------------------------------
+
+_RUNNERS: list[tuple[Callable[[torch.device, bool], bool], type[ModelRunner]]] = []
+
+
+def register_model_runner(applies: Callable[[torch.device, bool], bool], cls: type[ModelRunner]) -> None:
+    """Use `cls` when `applies(device, enforce_eager)`; later registrations win."""
+    _RUNNERS.append((applies, cls))
+
+
+def get_model_runner_cls(device: torch.device | str, enforce_eager: bool) -> type[ModelRunner]:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not enforce_eager:
+        try:  # the CUDA graph runner registers itself on import, if it exists
+            import kvpack.engine.cuda_graph_runner  # noqa: F401
+        except ModuleNotFoundError as e:
+            if e.name != "kvpack.engine.cuda_graph_runner":
+                raise
+    for applies, cls in reversed(_RUNNERS):
+        if applies(dev, enforce_eager):
+            return cls
+    return ModelRunner
