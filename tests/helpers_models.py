@@ -141,8 +141,7 @@ def _add_tensor(w, name: str, a: np.ndarray, qtype: str) -> None:
     elif qtype == "F16":
         w.add_tensor(name, a.astype(np.float16))
     else:
-        w.add_tensor(name, gguf.quants.quantize(a.astype(np.float32), kind), raw_shape=a.shape,
-                     raw_dtype=kind)
+        w.add_tensor(name, gguf.quants.quantize(a.astype(np.float32), kind), raw_dtype=kind)
 
 
 def _gguf_names(layers: int) -> dict[str, str]:
