@@ -1,2 +1,385 @@
-def decode_paged_attention(*a, **k):
-    raise NotImplementedError
+"""Decode paged attention (one query token per sequence), GQA-aware, split-K (flash-decoding).
+
+Grid (num_seqs, Hkv, num_splits): a program loads each KV tile of its split once for all GROUP =
+Hq / Hkv query heads that share it (q tile [GROUP_PAD >= 16, D] for tl.dot) and dequantizes in
+registers: per-token K scales multiply the scores, V tiles are dequantized to fp16 before P @ V.
+With several splits, a second kernel merges the partial (max, sum, acc) triples.
+
+Dot operands (input_precision stated): float caches use their own dtype (bf16/fp16; fp32 caches
+use fp32 operands with input_precision="ieee"); quantized caches are decoded exactly into fp16
+(int8 and fp8 codes are exact in fp16, int4 values are code * s + m rounded once to fp16) and q
+is cast to fp16. Accumulation, softmax and the split merge are float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpack.attention.kv_cache import CachePool, LayerKVCache
+from kvpack.kernels.quant import (
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, int4_hi, int4_lo,
+)
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_raw(codes_ptr, c_row, nmask, FMT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+    """Non-int4 tile [BLOCK_N, D_PAD], unscaled, dot-ready (float: storage dtype; else fp16)."""
+    d = tl.arange(0, D_PAD)
+    c = tl.load(codes_ptr + c_row[:, None] + d[None, :], mask=nmask[:, None] & (d < D)[None, :], other=0)
+    if FMT == K_FMT_FLOAT:
+        out = c
+    elif FMT == K_FMT_INT8:
+        out = c.to(tl.float16)
+    else:
+        out = fp8_decode_f16(c, FMT)  # value / factor, exact
+    return out
+
+
+@triton.jit
+def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.constexpr,
+               HALF_PAD: tl.constexpr, G: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int4 tile as two float32 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2 (code * s + m)."""
+    HALF: tl.constexpr = D // 2
+    j = tl.arange(0, HALF_PAD)
+    b = tl.load(codes_ptr + c_row[:, None] + j[None, :], mask=nmask[:, None] & (j < HALF)[None, :], other=0)
+    lo = int4_lo(b).to(tl.float32)
+    hi = int4_hi(b).to(tl.float32)
+    if ALIGNED:  # D a power of two and groups never straddle the halves: broadcast group params
+        NGH: tl.constexpr = HALF // G
+        gi = tl.arange(0, NGH)
+        sp = scales_ptr + s_row[:, None] + gi[None, :]
+        zp = zeros_ptr + s_row[:, None] + gi[None, :]
+        m2 = nmask[:, None]
+        s_lo = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
+        s_hi = tl.load(sp + NGH, mask=m2, other=0.0).to(tl.float32)
+        z_lo = tl.load(zp, mask=m2, other=0.0).to(tl.float32)
+        z_hi = tl.load(zp + NGH, mask=m2, other=0.0).to(tl.float32)
+        lo = tl.reshape(lo, (BLOCK_N, NGH, G)) * s_lo[:, :, None] + z_lo[:, :, None]
+        hi = tl.reshape(hi, (BLOCK_N, NGH, G)) * s_hi[:, :, None] + z_hi[:, :, None]
+        lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
+        hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
+    else:  # gather each channel's group parameters
+        jm = nmask[:, None] & (j < HALF)[None, :]
+        g_lo = (j // G)[None, :]
+        g_hi = ((j + HALF) // G)[None, :]
+        s_lo = tl.load(scales_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0).to(tl.float32)
+        s_hi = tl.load(scales_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0).to(tl.float32)
+        z_lo = tl.load(zeros_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0).to(tl.float32)
+        z_hi = tl.load(zeros_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0).to(tl.float32)
+        lo = lo * s_lo + z_lo
+        hi = hi * s_hi + z_hi
+    return lo, hi
+
+
+@triton.jit
+def _dot(a, b, DT: tl.constexpr):
+    if DT == tl.float32:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _attend_tile(
+    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+    kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+    D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
+    K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
+    V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
+):
+    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b)."""
+    offs = n0 + tl.arange(0, BLOCK_N)
+    nmask = offs < end
+    blk = tl.load(bt_row + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+    off = offs % BLOCK_SIZE
+    # ---- scores [GROUP_PAD, BLOCK_N] ----
+    kc_row = blk * k_cs0 + h * k_cs1 + off * k_cs2
+    ks_row = blk * k_ss0 + h * k_ss1 + off * k_ss2
+    if K_FMT == K_FMT_INT4:
+        k_lo, k_hi = _load_int4(kc_ptr, ks_ptr, kz_ptr, kc_row, ks_row, nmask, D, HALF_PAD, K_G,
+                                K_ALIGNED, BLOCK_N)
+        s = tl.dot(q_a, tl.trans(k_lo.to(K_DT))) + tl.dot(q_b, tl.trans(k_hi.to(K_DT)))
+    else:
+        k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD)
+        s = _dot(q_a, tl.trans(k), K_DT)
+        if K_FMT != K_FMT_FLOAT:
+            if not K_STATIC:
+                s = s * tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    s = tl.where(nmask[None, :], s * qk_scale, -float("inf"))
+    # ---- online softmax (base 2) ----
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_i = m_new
+    # ---- P @ V ----
+    vc_row = blk * v_cs0 + h * v_cs1 + off * v_cs2
+    vs_row = blk * v_ss0 + h * v_ss1 + off * v_ss2
+    if V_FMT == K_FMT_INT4:
+        v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
+                                V_ALIGNED, BLOCK_N)
+        pd = p.to(V_DT)
+        acc_a = acc_a * alpha[:, None] + tl.dot(pd, v_lo.to(V_DT))
+        acc_b = acc_b * alpha[:, None] + tl.dot(pd, v_hi.to(V_DT))
+    else:
+        v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD)
+        if V_FMT != K_FMT_FLOAT:
+            if not V_STATIC:
+                vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32) * V_FACTOR
+                v = (v.to(tl.float32) * vs[:, None]).to(V_DT)
+        acc_a = acc_a * alpha[:, None] + _dot(p.to(V_DT), v, V_DT)
+    return m_i, l_i, acc_a, acc_b
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, sq_t, sq_h, qsl_ptr, seq_lens_ptr, bt_ptr, s_bt,
+    kc_ptr, ks_ptr, kz_ptr, kst_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+    vc_ptr, vs_ptr, vz_ptr, vst_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+    out_ptr, so_t, so_h, po_ptr, pml_ptr, qk_scale, tokens_per_split,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr, K_ALIGNED: tl.constexpr,
+    K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
+    V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
+    V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    HALF: tl.constexpr = D // 2
+    q_row = tl.load(qsl_ptr + b)
+    has_q = tl.load(qsl_ptr + b + 1) > q_row
+    seq_len = tl.where(has_q, tl.load(seq_lens_ptr + b), 0)
+    start = split * tokens_per_split
+    end = tl.minimum(seq_len, start + tokens_per_split)
+
+    g = tl.arange(0, GROUP_PAD)
+    gm = g < GROUP
+    heads = h * GROUP + g
+    q_base = q_ptr + q_row.to(tl.int64) * sq_t + heads[:, None] * sq_h
+    if K_FMT == K_FMT_INT4:
+        j = tl.arange(0, HALF_PAD)
+        qm = gm[:, None] & (j < HALF)[None, :]
+        q_a = tl.load(q_base + j[None, :], mask=qm, other=0.0).to(K_DT)
+        q_b = tl.load(q_base + HALF + j[None, :], mask=qm, other=0.0).to(K_DT)
+    else:
+        d = tl.arange(0, D_PAD)
+        q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(K_DT)
+        q_b = q_a
+    if K_STATIC:
+        qk_scale = qk_scale * tl.load(kst_ptr + h)
+    qk_scale = qk_scale * K_FACTOR
+
+    m_i = tl.full([GROUP_PAD], -float("inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    if V_FMT == K_FMT_INT4:
+        acc_a = tl.zeros([GROUP_PAD, HALF_PAD], tl.float32)
+        acc_b = tl.zeros([GROUP_PAD, HALF_PAD], tl.float32)
+    else:
+        acc_a = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+        acc_b = acc_a
+
+    bt_row = bt_ptr + b.to(tl.int64) * s_bt
+    if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
+        n0 = start
+        while n0 < end:
+            m_i, l_i, acc_a, acc_b = _attend_tile(
+                n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+                kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m_i, l_i, acc_a, acc_b = _attend_tile(
+                n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+                kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT)
+    if V_STATIC:
+        v_scale = tl.load(vst_ptr + h) * V_FACTOR
+        acc_a = acc_a * v_scale
+        acc_b = acc_b * v_scale
+
+    if V_FMT == K_FMT_INT4:
+        c = tl.arange(0, HALF_PAD)
+        cm = gm[:, None] & (c < HALF)[None, :]
+    else:
+        c = tl.arange(0, D_PAD)
+        cm = gm[:, None] & (c < D)[None, :]
+    if NUM_SPLITS == 1:
+        o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
+        cm = cm & has_q
+        l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptr, (acc_a / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
+        if V_FMT == K_FMT_INT4:
+            tl.store(o_ptr + HALF, (acc_b / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
+    else:
+        # partials: po [B, Hq, NUM_SPLITS, D] fp32, pml [B, Hq, NUM_SPLITS, 2] fp32
+        ph = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + split
+        p_ptr = po_ptr + ph[:, None] * D + c[None, :]
+        tl.store(p_ptr, acc_a, mask=cm)
+        if V_FMT == K_FMT_INT4:
+            tl.store(p_ptr + HALF, acc_b, mask=cm)
+        tl.store(pml_ptr + ph * 2, m_i, mask=gm)
+        tl.store(pml_ptr + ph * 2 + 1, l_i, mask=gm)
+
+
+@triton.jit
+def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ,
+                  NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+    b = tl.program_id(0)
+    hq = tl.program_id(1)
+    q_row = tl.load(qsl_ptr + b)
+    has_q = tl.load(qsl_ptr + b + 1) > q_row
+    sp = tl.arange(0, SPLITS_PAD)
+    smask = sp < NUM_SPLITS
+    ph = (b * HQ + hq).to(tl.int64) * NUM_SPLITS + sp
+    m = tl.load(pml_ptr + ph * 2, mask=smask, other=-float("inf"))
+    l = tl.load(pml_ptr + ph * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.where(m > -float("inf"), tl.exp2(m - m_max), 0.0)
+    denom = tl.sum(w * l, axis=0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    d = tl.arange(0, D_PAD)
+    acc = tl.load(po_ptr + ph[:, None] * D + d[None, :], mask=smask[:, None] & (d < D)[None, :], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / denom
+    tl.store(out_ptr + q_row.to(tl.int64) * so_t + hq * so_h + d, o.to(out_ptr.dtype.element_ty),
+             mask=(d < D) & has_q)
+
+
+# ---------------------------------------------------------------------------------------------
+_SM_COUNT: dict[int, int] = {}
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+_rotations: dict[tuple, torch.Tensor] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # CPU interpreter: a few splits, so split-K is exercised
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
+    if not pool.fmt.rotate:
+        return None
+    key = (pool.fmt.head_dim, str(device))
+    if key not in _rotations:
+        _rotations[key] = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
+    return _rotations[key]
+
+
+def _side_args(pool: CachePool) -> tuple[list, list]:
+    """(tensor/stride args, constexpr args) for one pool."""
+    fmt = pool.fmt
+    codes = pool.codes
+    scales = pool.scales if pool.scales is not None else codes
+    zeros = pool.zeros if pool.zeros is not None else scales
+    static = pool.static_scale if pool.static_scale is not None else codes
+    half = fmt.head_dim // 2
+    aligned = fmt.kind == "int4" and half & (half - 1) == 0 and half % fmt.group_size == 0
+    factor = 256.0 if fmt.kind == "fp8_e4m3" else 1.0
+    dot_dt = _TL_DTYPES[codes.dtype] if fmt.kind == "float" else tl.float16
+    tensors = [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
+    consts = [fmt.kernel_id, fmt.scale_mode == "static", fmt.group_size, aligned, factor, dot_dt]
+    return tensors, consts
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
+                      device: torch.device) -> int:
+    """Splits per sequence so that num_seqs * Hkv * splits fills the GPU (>= ~2 programs per SM),
+    each split keeping at least 4 tiles of work."""
+    work = num_seqs * num_kv_heads
+    sms = _sm_count(device)
+    if work >= sms:
+        return 1
+    max_splits = max(1, triton.cdiv(max_seq_len, 4 * block_n))
+    return max(1, min(max_splits, triton.cdiv(2 * sms, work), 128))
+
+
+def decode_paged_attention(
+    q: torch.Tensor,
+    layer_cache: LayerKVCache,
+    metadata,
+    scale: float,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
+
+    q: [T, Hq, D] bf16/fp16/fp32 (last dim contiguous); layer_cache: K/V `CachePool`s
+    (codes [num_blocks, Hkv, block_size, code_width], scales/zeros [.., num_groups] fp16);
+    metadata: `AttentionMetadata` (query_start_loc [B+1], seq_lens [B], block_tables [B, M] int32).
+    Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
+    heuristics (tests and tuning).
+    """
+    kp, vp = layer_cache.k, layer_cache.v
+    T, Hq, D = q.shape
+    Hkv, block_size = kp.num_kv_heads, kp.block_size
+    assert Hq % Hkv == 0 and kp.fmt.head_dim == D and vp.fmt.head_dim == D, (q.shape, kp.fmt, vp.fmt)
+    assert vp.block_size == block_size and vp.num_kv_heads == Hkv
+    B = metadata.num_seqs
+    group = Hq // Hkv
+    dev = q.device
+
+    rk, rv = _rotation(kp, dev), _rotation(vp, dev)
+    q_in = q.float() @ rk if rk is not None else q
+    if q_in.stride(-1) != 1:
+        q_in = q_in.contiguous()
+    out_dtype = torch.float32 if rv is not None else q.dtype
+    alloc = torch.empty if T == B else torch.zeros
+    out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
+    if B == 0 or T == 0:
+        return out.to(q.dtype)
+
+    if block_n is None:
+        block_n = max(block_size, 64 if D <= 128 else 32)
+    assert block_n % block_size == 0 or block_size % block_n == 0
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
+    tokens_per_split = triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), num_splits), block_n) * block_n
+    num_splits = max(1, triton.cdiv(max(metadata.max_seq_len, 1), tokens_per_split))
+
+    k_t, k_c = _side_args(kp)
+    v_t, v_c = _side_args(vp)
+    if num_splits > 1:
+        po = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=dev)
+        pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)
+    else:
+        po = pml = out
+    d_pad = triton.next_power_of_2(D)
+    half_pad = triton.next_power_of_2(max(D // 2, 1))
+    group_pad = max(16, triton.next_power_of_2(group))
+    bt = metadata.block_tables
+    kwargs = {}
+    if num_warps is not None:
+        kwargs["num_warps"] = num_warps
+    if num_stages is not None:
+        kwargs["num_stages"] = num_stages
+    _decode_kernel[(B, Hkv, num_splits)](
+        q_in, q_in.stride(0), q_in.stride(1), metadata.query_start_loc, metadata.seq_lens, bt, bt.stride(0),
+        *k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split,
+        group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits,
+        *k_c, *v_c, INTERPRET, **kwargs,
+    )
+    if num_splits > 1:
+        _merge_kernel[(B, Hq)](po, pml, out, out.stride(0), out.stride(1), metadata.query_start_loc, Hq,
+                               num_splits, triton.next_power_of_2(num_splits), D, d_pad)
+    if rv is not None:
+        out = (out @ rv).to(q.dtype)
+    return out

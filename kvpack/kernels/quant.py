@@ -23,6 +23,8 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -31,6 +33,11 @@ from kvpack.formats import (
     FP8E4M3_MAX_CODE, FP8E4M3_NAN_CODE, FP8E5M2_BIAS, FP8E5M2_MAN_BITS, FP8E5M2_MAX_CODE,
     FP8E5M2_NAN_CODE, INT4_HI_SHIFT, INT4_NIBBLE_MASK, QMAX_INT4, QMAX_INT8,
 )
+
+# True under the CPU interpreter. Pass it to kernels as a constexpr: there, a loop over tensor
+# bounds (`for i in range(start, end)`) fails with numpy >= 2.4 (scalars are 1-element arrays);
+# use `while` under INTERPRET and `range` (software-pipelined) on the GPU.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Module constants visible inside @triton.jit bodies.
 K_FMT_FLOAT = tl.constexpr(FMT_FLOAT)

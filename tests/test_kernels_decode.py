@@ -1,0 +1,123 @@
+"""Tier (b): the Triton decode attention kernel equals the PyTorch reference within a stated tolerance.
+
+The cache is filled by the reference write (so both sides read the same codes); q is fp16 in the
+interpreter tests (the Triton 3.6 CPU interpreter mishandles bf16 dots). Tolerance: 2e-3 absolute
+on outputs of magnitude ~1: the kernel uses fp16 dot operands (q, dequantized K/V tiles and the
+probabilities are rounded to fp16, ~5e-4 relative each), the reference is float32 throughout,
+and both outputs are rounded to fp16 (one ulp is 9.8e-4 at magnitude 1-2): |out - ref| <= ATOL + RTOL|ref|.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpack.attention import AttentionMetadata, LayerKVCache
+from kvpack.attention import reference
+from tests.test_kernels_write import make_pool
+
+ATOL = 2e-3
+RTOL = 2e-3
+
+
+def build_case(k_name, v_name, seq_lens, Hq, Hkv, D, block_size, dtype=torch.float16, seed=0,
+               device="cpu", group_size=32, shuffle=True):
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [(s + block_size - 1) // block_size for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 4
+    ids = torch.randperm(num_blocks, generator=gen).tolist() if shuffle else list(range(num_blocks))
+    tables, at = [], 0
+    for n in blocks_per_seq:
+        tables.append(ids[at: at + n])
+        at += n
+    lc = LayerKVCache(make_pool(k_name, D, num_blocks, Hkv, block_size, "cpu", group_size, gen),
+                      make_pool(v_name, D, num_blocks, Hkv, block_size, "cpu", group_size, gen))
+    # fill every sequence's context through the reference write (prefill metadata)
+    fill = AttentionMetadata.build(seq_lens, seq_lens, tables, block_size)
+    T = sum(seq_lens)
+    k = torch.randn(T, Hkv, D, generator=gen)
+    v = torch.randn(T, Hkv, D, generator=gen)
+    k[:, :, 1] *= 6  # an outlier channel
+    reference.write_kv(k.to(dtype), v.to(dtype), lc, fill.slot_mapping)
+    if device != "cpu":
+        lc = LayerKVCache(*(type(p)(p.codes.to(device), None if p.scales is None else p.scales.to(device),
+                                    None if p.zeros is None else p.zeros.to(device),
+                                    None if p.static_scale is None else p.static_scale.to(device), p.fmt)
+                            for p in (lc.k, lc.v)))
+    meta = AttentionMetadata.build([1] * len(seq_lens), seq_lens, tables, block_size, device=device)
+    q = torch.randn(len(seq_lens), Hq, D, generator=gen).to(dtype).to(device)
+    return q, lc, meta
+
+
+def check(k_name, v_name, seq_lens, Hq=4, Hkv=2, D=64, block_size=16, num_splits=None, atol=ATOL,
+          dtype=torch.float16, device="cpu", **kw):
+    q, lc, meta = build_case(k_name, v_name, seq_lens, Hq, Hkv, D, block_size, dtype=dtype, device=device, **kw)
+    scale = D ** -0.5
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    from kvpack.kernels import paged_attention
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    out = decode_paged_attention(q, lc, meta, scale, num_splits=num_splits) if num_splits else \
+        paged_attention(q, lc, meta, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    err = ((out.float() - ref).abs() - RTOL * ref.abs()).max().item()
+    assert err <= atol, f"{k_name}/{v_name} D={D} bs={block_size} splits={num_splits}: max(|err| - rtol|ref|) {err:.2e}"
+    return err
+
+
+FORMATS = ["float16", "float32", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e5m2-static", "fp8_e5m2"]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_each_format(name):
+    check(name, name, [37, 1, 70], num_splits=1)
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3-static", "float16"])
+def test_decode_split_k(name):
+    check(name, name, [150, 17, 3], num_splits=3)
+
+
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int4"), ("int4", "fp8_e5m2"), ("fp8_e4m3", "float16"),
+                                           ("int4-norot", "int8-static")])
+def test_decode_mixed_formats(k_name, v_name):
+    check(k_name, v_name, [45, 33], num_splits=2)
+
+
+@pytest.mark.parametrize("group,Hkv", [(1, 2), (3, 1), (8, 1)])
+def test_decode_gqa_ratios(group, Hkv):
+    check("int8", "int4", [29, 64], Hq=group * Hkv, Hkv=Hkv)
+
+
+@pytest.mark.parametrize("D,block_size", [(80, 16), (128, 32), (96, 32)])
+def test_decode_head_dims(D, block_size):
+    check("int4", "fp8_e4m3", [40, 5], D=D, block_size=block_size, num_splits=2)
+
+
+def test_decode_heuristic_splits_and_one_token():
+    check("int8", "int8", [1])
+    check("fp8_e5m2", "int4", [300, 1, 2], num_splits=None)
+
+
+def test_decode_detects_wrong_cache():
+    """The comparison can fail: corrupt one K code and the check must trip."""
+    q, lc, meta = build_case("int8", "int8", [20], 4, 2, 64, 16)
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    ref = reference.paged_attention(q, lc, meta, 0.125).float()
+    blk = int(meta.block_tables[0, 0])
+    lc.k.codes[blk, :, 3] = 127
+    out = decode_paged_attention(q, lc, meta, 0.125, num_splits=1).float()
+    assert (out - ref).abs().max().item() > ATOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "int8", "int8-static", "int4", "fp8_e4m3",
+                                  "fp8_e4m3-static", "fp8_e5m2"])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_decode_gpu_large(name, D, block_size):
+    dtype = torch.bfloat16 if name == "bfloat16" else torch.float16
+    atol = 1e-2 if dtype == torch.bfloat16 else ATOL
+    check(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=block_size, device="cuda",
+          dtype=dtype, atol=atol)
