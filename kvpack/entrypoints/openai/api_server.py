@@ -98,12 +98,19 @@ def _counting_receive(receive, limit: int):
     return wrapped
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "TextPart"}
+
+
 def _validation_message(err: ValidationError) -> tuple[str, str | None]:
     first = err.errors()[0]
     if first["type"] == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}", None
-    loc = [str(p) for p in first["loc"] if not str(p).startswith(("function-", "list[", "str"))]
+    # Drop pydantic's union-member tags ("str", "list[int]", ...) from the location.
+    loc = [str(p) for p in first["loc"]
+           if str(p) not in _TYPE_TAGS and not str(p).startswith(("function-", "list[", "dict["))]
     param = ".".join(loc) or None
+    if param is None:
+        return f"the request body must be a JSON object ({first['msg']})", None
     if first["type"] == "missing":
         return f"missing required field {param!r}", param
     return f"invalid value for {param!r}: {first['msg']}", param

@@ -35,6 +35,8 @@ def _prompts(ctx: ServingContext, prompt: Any) -> list[tuple[str | None, list[in
     out = []
     for item in items:
         if isinstance(item, str):
+            if not item:
+                raise bad_request("the prompt is empty", "prompt")
             out.append((item, check_prompt_ids(ctx, ctx.tokenizer.encode(item))))
         else:
             out.append((None, check_prompt_ids(ctx, list(item))))
