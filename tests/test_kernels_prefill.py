@@ -1,0 +1,220 @@
+"""Tier (b): the Triton prefill/mixed-batch paged attention kernel equals the PyTorch reference.
+
+Oracle: `kvpack.attention.reference.paged_attention` on the same cache, computed in float32 from
+the same (fp16/fp32) q. Tolerances: fp32 operands (input_precision="ieee") 2e-5 abs (summation
+order only); fp16 operands 3e-3 abs (p and the dequantized V are rounded to fp16, 2^-11 relative,
+against outputs of magnitude <= ~3); bf16 (GPU only) 2e-2 abs. Unused cache slots are filled with
+NaN (float caches) or random codes and NaN scales, so a read outside the causal window shows.
+CPU runs go through the Triton interpreter (tests/conftest.py) on small shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from kvpack.attention import reference
+from kvpack.attention.kv_cache import LayerKVCache, allocate_pool
+from kvpack.attention.metadata import AttentionMetadata
+from kvpack.config import KVPackError
+from kvpack.formats import resolve_format
+from kvpack.kernels.prefill_attention import TileConfig, build_tile_map, prefill_paged_attention
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # Triton 3.6's interpreter turns loop bounds into ints with int(ndarray of shape (1,)), which
+    # NumPy >= 2.3 rejects; take the element instead (affects any kernel with a runtime loop bound).
+    import triton.runtime.interpreter as _interp
+
+    if not getattr(_interp._patch_lang_tensor, "_kvpack_fixed", False):
+        _orig_patch = _interp._patch_lang_tensor
+
+        def _patch_lang_tensor(tensor, scope):
+            _orig_patch(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        _patch_lang_tensor._kvpack_fixed = True
+        _interp._patch_lang_tensor = _patch_lang_tensor
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _fill_garbage(pool) -> None:
+    if pool.codes.dtype.is_floating_point:
+        pool.codes.fill_(float("nan"))
+    else:
+        pool.codes.copy_(torch.randint(0, 100, pool.codes.shape, dtype=torch.uint8).view(pool.codes.dtype)
+                         if pool.codes.dtype == torch.uint8 else torch.randint(-100, 100, pool.codes.shape,
+                                                                             dtype=torch.int8))
+    for t in (pool.scales, pool.zeros):
+        if t is not None:
+            t.fill_(float("nan"))
+
+
+def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, block_size=16,
+             dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV):
+    """Build a shuffled paged cache, write every position with the reference, attend with both.
+    Returns (kernel output, reference output), both float32 [T, Hq, D] in the unrotated basis."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    fk = resolve_format(k_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype)
+    fv = resolve_format(v_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype)
+    nblk = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(nblk) + 3
+    ids = list(range(num_blocks))
+    rng.shuffle(ids)
+    tables, i = [], 0
+    for n in nblk:
+        tables.append(ids[i:i + n])
+        i += n
+
+    def static_scale(f):
+        if f.scale_mode != "static":
+            return None
+        return (torch.rand(hkv, generator=gen) + 0.5) * 4.0 / f.qmax  # absmax ~ 2..6 over qmax
+
+    kp = allocate_pool(fk, num_blocks, hkv, block_size, device, static_scale(fk))
+    vp = allocate_pool(fv, num_blocks, hkv, block_size, device, static_scale(fv))
+    _fill_garbage(kp)
+    _fill_garbage(vp)
+    layer = LayerKVCache(kp, vp)
+    every = AttentionMetadata.build(list(seq_lens), list(seq_lens), tables, block_size, device)
+    k = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
+    v = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
+    reference.write_kv(k, v, layer, every.slot_mapping)
+    meta = AttentionMetadata.build(list(q_lens), list(seq_lens), tables, block_size, device)
+    q = torch.randn(sum(q_lens), hq, head_dim, generator=gen).to(device=device, dtype=dtype)
+    scale = head_dim ** -0.5
+    ref = reference.paged_attention(q.float(), layer, meta, scale)
+    qk = q
+    if fk.rotate:  # what the launcher in kvpack.kernels does around this kernel
+        qk = (q.float() @ fk.rotation(device)).to(dtype)
+    out = prefill_paged_attention(qk, layer, meta, scale, config=config).float()
+    if fv.rotate:
+        out = out @ fv.rotation(device)
+    return out, ref
+
+
+# A mixed batch: a chunk over a cached prefix, decodes, a whole prompt from 0, a one-token prompt.
+MIXED = dict(q_lens=(21, 1, 9, 1, 1), seq_lens=(50, 37, 9, 1, 17))
+
+
+FORMATS = [
+    ("float32", "float32", False), ("int8", "int8", False), ("int8", "int8", True),
+    ("int4", "int4", False), ("fp8_e4m3", "fp8_e4m3", False), ("fp8_e5m2", "fp8_e5m2", False),
+    ("fp8_e4m3", "fp8_e5m2", True), ("int4", "fp8_e4m3", False), ("int8", "int4", False),
+    ("fp8_e5m2", "float32", False),
+]
+
+
+@pytest.mark.parametrize("k_name,v_name,static", FORMATS)
+def test_formats_fp32_operands(k_name, v_name, static):
+    """fp32 operands: the dequantization, paging and masking logic matches to rounding order."""
+    out, ref = run_case(k_name, v_name, static=static, dtype=torch.float32, **MIXED)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
+@pytest.mark.parametrize("k_name,v_name,static", FORMATS[1:] + [("float16", "float16", False)])
+def test_formats_fp16_operands(k_name, v_name, static):
+    out, ref = run_case(k_name, v_name, static=static, dtype=torch.float16, seed=1, **MIXED)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+
+
+def test_int4_without_rotation():
+    out, ref = run_case("int4", "int4", rotate=False, dtype=torch.float16, **MIXED)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+
+
+@pytest.mark.parametrize("hq,hkv", [(3, 3), (6, 2), (8, 2), (8, 1)])  # GQA 1, 3, 4, 8
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_gqa_and_head_dims(hq, hkv, head_dim):
+    k_name, v_name = ("int4", "int8") if head_dim != 128 else ("fp8_e4m3", "int4")
+    out, ref = run_case(k_name, v_name, hq=hq, hkv=hkv, head_dim=head_dim, dtype=torch.float16,
+                        q_lens=(13, 1, 1), seq_lens=(40, 23, 2), seed=head_dim + hq)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("cfg", [TileConfig(16, 16, 4, 1), TileConfig(32, 32, 4, 1), TileConfig(64, 16, 4, 1)])
+def test_tilings_and_block_sizes(block_size, cfg):
+    """KV tiles smaller than, equal to and larger than a cache block; several q tiles per sequence."""
+    out, ref = run_case("int8", "fp8_e5m2", block_size=block_size, config=cfg, dtype=torch.float32,
+                        q_lens=(45, 1, 33), seq_lens=(77, 64, 33), hq=8, hkv=2, seed=block_size)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
+def test_causal_boundaries_every_offset():
+    """Chunks and decodes whose first position takes every residue modulo BLOCK_N: the split
+    between the unmasked and the masked (diagonal) KV tiles is right at every offset."""
+    seq_lens = tuple(range(11, 28)) + tuple(range(1, 18))
+    q_lens = (5,) * 17 + (1,) * 17
+    out, ref = run_case("int8", "float32", q_lens=q_lens, seq_lens=seq_lens, hq=2, hkv=1, dtype=torch.float32,
+                        config=TileConfig(16, 16, 4, 1))
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+
+
+def test_float16_cache_long_prefix():
+    out, ref = run_case("float16", "float16", q_lens=(7, 1), seq_lens=(130, 97), dtype=torch.float16,
+                        config=TileConfig(32, 32, 4, 1))
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+
+
+def test_tile_map_enumerates_every_tile_once():
+    q_lens = [5, 1, 0, 17, 8]
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    seq, start = build_tile_map(qsl, 4, sum(q_lens))
+    got = sorted((s, t) for s, t in zip(seq.tolist(), start.tolist()) if s >= 0)
+    want = sorted((b, t) for b, n in enumerate(q_lens) for t in range(0, n, 4))
+    assert got == want
+    assert seq.numel() == sum(q_lens) // 4 + len(q_lens)
+    # within a sequence the tile with the most keys comes first
+    s3 = [t for s, t in zip(seq.tolist(), start.tolist()) if s == 3]
+    assert s3 == sorted(s3, reverse=True)
+
+
+def test_bad_inputs_raise():
+    fmt = resolve_format("float16", head_dim=64, model_dtype=torch.float16)
+    pool = allocate_pool(fmt, 4, 2, 16, DEV)
+    layer = LayerKVCache(pool, pool)
+    meta = AttentionMetadata.build([3], [3], [[0]], 16, DEV)
+    with pytest.raises(KVPackError, match="head dim"):
+        prefill_paged_attention(torch.zeros(3, 4, 32, dtype=torch.float16, device=DEV), layer, meta, 1.0)
+    with pytest.raises(KVPackError, match="kv heads"):
+        prefill_paged_attention(torch.zeros(3, 3, 64, dtype=torch.float16, device=DEV), layer, meta, 1.0)
+    with pytest.raises(KVPackError, match="q must be"):
+        prefill_paged_attention(torch.zeros(3, 4, 64, dtype=torch.int32, device=DEV), layer, meta, 1.0)
+
+
+# ---- GPU: large shapes (the lead runs these on the H200) -------------------------------------
+GPU_FORMATS = ["bfloat16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("fmt", GPU_FORMATS + ["int8-static", "fp8_e4m3-static"])
+def test_gpu_large(fmt, head_dim):
+    static = fmt.endswith("-static")
+    name = fmt.removesuffix("-static")
+    block_size = {64: 16, 80: 32, 96: 64, 128: 16, 256: 32}[head_dim]
+    out, ref = run_case(name, name, static=static, head_dim=head_dim, hq=32, hkv=8, block_size=block_size,
+                        dtype=torch.bfloat16, q_lens=(700, 1, 1, 300, 129), seq_lens=(1900, 800, 3, 300, 1153))
+    torch.testing.assert_close(out, ref, atol=TOL[torch.bfloat16], rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("k_name,v_name", [("float16", "float16"), ("int4", "fp8_e5m2"), ("fp8_e4m3", "int8")])
+def test_gpu_fp16_block_sizes(k_name, v_name, block_size):
+    out, ref = run_case(k_name, v_name, head_dim=128, hq=28, hkv=4, block_size=block_size, dtype=torch.float16,
+                        q_lens=(513, 1, 64), seq_lens=(2500, 77, 64))
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_operands():
+    out, ref = run_case("int4", "int8", head_dim=128, hq=8, hkv=2, dtype=torch.float32,
+                        q_lens=(200, 1), seq_lens=(450, 31))
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
