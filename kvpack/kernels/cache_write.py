@@ -145,6 +145,28 @@ def _fmt_constexprs(pool: CachePool) -> list:
     return [fmt.kernel_id, fmt.scale_mode == "static", qmax, fmt.group_size, fmt.head_dim // fmt.group_size]
 
 
+def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
+               slot_mapping: torch.Tensor) -> tuple[tuple[int, int], list, dict]:
+    """(grid, args, options) of the cache-write launch (also used to compile ahead of time)."""
+    kp, vp = layer_cache.k, layer_cache.v
+    T, H, D = k.shape
+    assert v.shape == k.shape and slot_mapping.shape == (T,), (k.shape, v.shape, slot_mapping.shape)
+    assert kp.fmt.head_dim == D and vp.fmt.head_dim == D and kp.num_kv_heads == H
+    for pool in (kp, vp):
+        assert pool.codes.is_contiguous() and (pool.scales is None or pool.scales.is_contiguous())
+    k, v = _prepare_input(k, kp), _prepare_input(v, vp)
+    slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
+    d_pad = triton.next_power_of_2(D)
+    half_pad = max(triton.next_power_of_2(D // 2), 1)
+    block_t = max(1, min(16, 2048 // d_pad))
+    grid = (triton.cdiv(T, block_t), H)
+    args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
+            *_pool_args(kp), *_pool_args(vp),
+            kp.block_size, block_t, D, d_pad, half_pad,
+            *_fmt_constexprs(kp), *_fmt_constexprs(vp)]
+    return grid, args, {"num_warps": 4}
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
     """Quantize and scatter new tokens into the cache (Triton), same contract as the reference.
 
@@ -152,24 +174,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_m
     layer_cache:  LayerKVCache whose pools follow `kvpack.attention.kv_cache.CachePool`.
     slot_mapping: [T] int64 (or int32), block_id * block_size + offset; -1 entries are skipped.
     """
-    kp, vp = layer_cache.k, layer_cache.v
-    T, H, D = k.shape
-    assert v.shape == k.shape and slot_mapping.shape == (T,), (k.shape, v.shape, slot_mapping.shape)
-    assert kp.fmt.head_dim == D and vp.fmt.head_dim == D and kp.num_kv_heads == H
-    for pool in (kp, vp):
-        assert pool.codes.is_contiguous() and (pool.scales is None or pool.scales.is_contiguous())
-    if T == 0:
+    if k.shape[0] == 0:
         return
-    k, v = _prepare_input(k, kp), _prepare_input(v, vp)
-    slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
-    d_pad = triton.next_power_of_2(D)
-    half_pad = max(triton.next_power_of_2(D // 2), 1)
-    block_t = max(1, min(16, 2048 // d_pad))
-    grid = (triton.cdiv(T, block_t), H)
-    _cache_write_kernel[grid](
-        k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
-        *_pool_args(kp), *_pool_args(vp),
-        kp.block_size, block_t, D, d_pad, half_pad,
-        *_fmt_constexprs(kp), *_fmt_constexprs(vp),
-        num_warps=4,
-    )
+    grid, args, options = plan_write(k, v, layer_cache, slot_mapping)
+    _cache_write_kernel[grid](*args, **options)

@@ -13,6 +13,8 @@ is cast to fp16. Accumulation, softmax and the split merge are float32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -310,6 +312,77 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(max_splits, triton.cdiv(2 * sms, work), 128))
 
 
+@dataclass
+class DecodePlan:
+    """Everything one decode call launches: kernel args (also used to compile ahead of time)."""
+
+    grid: tuple[int, int, int]
+    args: list
+    options: dict
+    merge_grid: tuple[int, int] | None
+    merge_args: list | None
+    out: torch.Tensor  # [T, Hq, D], q's dtype (fp32 when V rotates: rotated back afterwards)
+    rv: torch.Tensor | None
+
+
+def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
+                block_n: int | None = None, num_warps: int | None = None,
+                num_stages: int | None = None) -> DecodePlan:
+    """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
+    kp, vp = layer_cache.k, layer_cache.v
+    T, Hq, D = q.shape
+    Hkv, block_size = kp.num_kv_heads, kp.block_size
+    assert Hq % Hkv == 0 and kp.fmt.head_dim == D and vp.fmt.head_dim == D, (q.shape, kp.fmt, vp.fmt)
+    assert vp.block_size == block_size and vp.num_kv_heads == Hkv
+    B = metadata.num_seqs
+    group = Hq // Hkv
+    dev = q.device
+
+    rk, rv = _rotation(kp, dev), _rotation(vp, dev)
+    q_in = q.float() @ rk if rk is not None else q
+    if q_in.stride(-1) != 1:
+        q_in = q_in.contiguous()
+    out_dtype = torch.float32 if rv is not None else q.dtype
+    alloc = torch.empty if T == B else torch.zeros
+    out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
+
+    if block_n is None:
+        block_n = max(block_size, 64 if D <= 128 else 32)
+    assert block_n % block_size == 0 or block_size % block_n == 0
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
+    max_len = max(metadata.max_seq_len, 1)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
+    num_splits = max(1, triton.cdiv(max_len, tokens_per_split))
+
+    k_t, k_c = _side_args(kp)
+    v_t, v_c = _side_args(vp)
+    if num_splits > 1:
+        po = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=dev)
+        pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)
+    else:
+        po = pml = out
+    d_pad = triton.next_power_of_2(D)
+    half_pad = triton.next_power_of_2(max(D // 2, 1))
+    group_pad = max(16, triton.next_power_of_2(group))
+    bt, qsl = metadata.block_tables, metadata.query_start_loc
+    options = {}
+    if num_warps is not None:
+        options["num_warps"] = num_warps
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0),
+            *k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split,
+            group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits,
+            *k_c, *v_c, INTERPRET]
+    merge_grid = merge_args = None
+    if num_splits > 1:
+        merge_grid = (B, Hq)
+        merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq,
+                      num_splits, triton.next_power_of_2(num_splits), D, d_pad]
+    return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, rv)
+
+
 def decode_paged_attention(
     q: torch.Tensor,
     layer_cache: LayerKVCache,
@@ -328,58 +401,13 @@ def decode_paged_attention(
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
     heuristics (tests and tuning).
     """
-    kp, vp = layer_cache.k, layer_cache.v
-    T, Hq, D = q.shape
-    Hkv, block_size = kp.num_kv_heads, kp.block_size
-    assert Hq % Hkv == 0 and kp.fmt.head_dim == D and vp.fmt.head_dim == D, (q.shape, kp.fmt, vp.fmt)
-    assert vp.block_size == block_size and vp.num_kv_heads == Hkv
-    B = metadata.num_seqs
-    group = Hq // Hkv
-    dev = q.device
-
-    rk, rv = _rotation(kp, dev), _rotation(vp, dev)
-    q_in = q.float() @ rk if rk is not None else q
-    if q_in.stride(-1) != 1:
-        q_in = q_in.contiguous()
-    out_dtype = torch.float32 if rv is not None else q.dtype
-    alloc = torch.empty if T == B else torch.zeros
-    out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
-    if B == 0 or T == 0:
+    plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages)
+    out = plan.out
+    if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
-
-    if block_n is None:
-        block_n = max(block_size, 64 if D <= 128 else 32)
-    assert block_n % block_size == 0 or block_size % block_n == 0
-    if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
-    tokens_per_split = triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), num_splits), block_n) * block_n
-    num_splits = max(1, triton.cdiv(max(metadata.max_seq_len, 1), tokens_per_split))
-
-    k_t, k_c = _side_args(kp)
-    v_t, v_c = _side_args(vp)
-    if num_splits > 1:
-        po = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=dev)
-        pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)
-    else:
-        po = pml = out
-    d_pad = triton.next_power_of_2(D)
-    half_pad = triton.next_power_of_2(max(D // 2, 1))
-    group_pad = max(16, triton.next_power_of_2(group))
-    bt = metadata.block_tables
-    kwargs = {}
-    if num_warps is not None:
-        kwargs["num_warps"] = num_warps
-    if num_stages is not None:
-        kwargs["num_stages"] = num_stages
-    _decode_kernel[(B, Hkv, num_splits)](
-        q_in, q_in.stride(0), q_in.stride(1), metadata.query_start_loc, metadata.seq_lens, bt, bt.stride(0),
-        *k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split,
-        group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits,
-        *k_c, *v_c, INTERPRET, **kwargs,
-    )
-    if num_splits > 1:
-        _merge_kernel[(B, Hq)](po, pml, out, out.stride(0), out.stride(1), metadata.query_start_loc, Hq,
-                               num_splits, triton.next_power_of_2(num_splits), D, d_pad)
-    if rv is not None:
-        out = (out @ rv).to(q.dtype)
+    _decode_kernel[plan.grid](*plan.args, **plan.options)
+    if plan.merge_grid is not None:
+        _merge_kernel[plan.merge_grid](*plan.merge_args)
+    if plan.rv is not None:
+        out = (out @ plan.rv).to(q.dtype)
     return out

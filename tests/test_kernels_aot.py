@@ -1,0 +1,128 @@
+"""Ahead-of-time compile of every kernel variant for Ampere (sm_80, sm_86): no GPU needed.
+
+Each variant is planned by the real launchers (`plan_write`, `plan_decode`) on CPU tensors, its
+argument list turned into a Triton signature, and compiled with `triton.compile(ASTSource(...),
+target=GPUTarget("cuda", cc, 32))` down to a cubin (ptxas included). The PTX of the quantized
+variants must hold no hardware FP8 conversion (`cvt...e4m3` / `cvt...e5m2`: Ampere has none).
+
+The compile runs in a subprocess with TRITON_INTERPRET=0 (conftest enables the interpreter on
+CPU-only machines, which replaces @triton.jit functions by interpreted ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+FORMATS = ["bfloat16", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e5m2-static", "fp8_e5m2"]
+FP8_CVT = re.compile(r"cvt[.\w]*\.(e4m3|e5m2)")
+_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8",
+       torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
+
+
+def signature(fn, args: list) -> tuple[dict, dict]:
+    """Triton signature and constexprs of a launch's positional args."""
+    sig, consts = {}, {}
+    for i, (name, a) in enumerate(zip(fn.arg_names, args)):
+        if i in fn.constexprs:
+            sig[name], consts[name] = "constexpr", a
+        elif isinstance(a, torch.Tensor):
+            sig[name] = "*" + _TY[a.dtype]
+        elif isinstance(a, bool):
+            sig[name] = "i1"
+        elif isinstance(a, int):
+            sig[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+        else:
+            sig[name] = "fp32"
+    return sig, consts
+
+
+def variants():
+    """(name, jit fn, args, options) for every kernel variant the launchers produce."""
+    from kvpack.attention import AttentionMetadata, LayerKVCache
+    from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
+    from kvpack.kernels.decode_attention import _decode_kernel, _merge_kernel, plan_decode
+    from tests.test_kernels_write import make_pool
+
+    out = []
+    for name in FORMATS:
+        for D in (128, 80):
+            if D == 80 and name not in ("bfloat16", "int4", "fp8_e4m3"):
+                continue  # non-power-of-two head dims: masked/gather paths, once per code path
+            lc = LayerKVCache(make_pool(name, D, 8, 2, 16, "cpu"), make_pool(name, D, 8, 2, 16, "cpu"))
+            k = torch.randn(5, 2, D, dtype=torch.bfloat16)
+            grid, args, opts = plan_write(k, k, lc, torch.arange(5))
+            out.append((f"write/{name}/D{D}", _cache_write_kernel, args, opts))
+            q = torch.randn(2, 8, D, dtype=torch.bfloat16)
+            meta = AttentionMetadata.build([1, 1], [40, 9], [[0, 1, 2], [3]], 16)
+            for splits in (1, 2):
+                if splits == 2 and (D == 80 or name not in ("int8", "int4", "fp8_e4m3")):
+                    continue
+                plan = plan_decode(q, lc, meta, 0.1, num_splits=splits)
+                out.append((f"decode/{name}/D{D}/splits{splits}", _decode_kernel, plan.args, plan.options))
+                if plan.merge_args is not None and name == "int8":
+                    out.append(("merge", _merge_kernel, plan.merge_args, {}))
+    return out
+
+
+def compile_all(archs=(80, 86)) -> list[dict]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    results = []
+    for name, fn, args, opts in variants():
+        sig, consts = signature(fn, args)
+        for cc in archs:
+            res = {"variant": name, "arch": f"sm_{cc}"}
+            try:
+                ck = triton.compile(triton.compiler.ASTSource(fn, sig, consts), target=GPUTarget("cuda", cc, 32),
+                                    options=opts)
+                ptx = ck.asm["ptx"]
+                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")),
+                           fp8_cvt=sorted(set(m.group(0) for m in FP8_CVT.finditer(ptx))),
+                           target_line=next((ln for ln in ptx.splitlines() if ln.startswith(".target")), ""))
+            except Exception as e:  # reported, and the test fails on it
+                res.update(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+            results.append(res)
+    return results
+
+
+@pytest.fixture(scope="module")
+def aot_results():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_variant_compiles_for_ampere(aot_results):
+    failed = [r for r in aot_results if not r["ok"]]
+    assert not failed, failed[:3]
+    assert {r["arch"] for r in aot_results} == {"sm_80", "sm_86"}
+    assert all(r["cubin_bytes"] > 0 for r in aot_results)
+    for r in aot_results:
+        assert r["target_line"].startswith(".target " + r["arch"]), r
+
+
+def test_no_hardware_fp8_conversions(aot_results):
+    bad = [(r["variant"], r["arch"], r["fp8_cvt"]) for r in aot_results if r["fp8_cvt"]]
+    assert not bad, bad
+
+
+def test_fp8_pattern_would_match():
+    """The PTX check can fail: it matches the instruction a hardware conversion would emit."""
+    assert FP8_CVT.search("cvt.rn.satfinite.e4m3x2.f32 %rs1, %f2, %f1;")
+    assert FP8_CVT.search("cvt.rn.f16x2.e5m2x2 %r1, %rs1;")
+    assert not FP8_CVT.search("cvt.rn.f16.f32 %rs1, %f1;")
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_all()))
