@@ -10,7 +10,6 @@ CPU runs go through the Triton interpreter (tests/conftest.py) on small shapes.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -22,21 +21,6 @@ from kvpack.attention.metadata import AttentionMetadata
 from kvpack.config import KVPackError
 from kvpack.formats import resolve_format
 from kvpack.kernels.prefill_attention import TileConfig, build_tile_map, prefill_paged_attention
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    # Triton 3.6's interpreter turns loop bounds into ints with int(ndarray of shape (1,)), which
-    # NumPy >= 2.3 rejects; take the element instead (affects any kernel with a runtime loop bound).
-    import triton.runtime.interpreter as _interp
-
-    if not getattr(_interp._patch_lang_tensor, "_kvpack_fixed", False):
-        _orig_patch = _interp._patch_lang_tensor
-
-        def _patch_lang_tensor(tensor, scope):
-            _orig_patch(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-        _patch_lang_tensor._kvpack_fixed = True
-        _interp._patch_lang_tensor = _patch_lang_tensor
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -55,9 +39,10 @@ def _fill_garbage(pool) -> None:
 
 
 def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, block_size=16,
-             dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV):
+             dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV,
+             attention=None):
     """Build a shuffled paged cache, write every position with the reference, attend with both.
-    Returns (kernel output, reference output), both float32 [T, Hq, D] in the unrotated basis."""
+    Returns (kernel output, reference output), both float32 [T, Hq, D]."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     fk = resolve_format(k_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype)
@@ -89,12 +74,10 @@ def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, bloc
     q = torch.randn(sum(q_lens), hq, head_dim, generator=gen).to(device=device, dtype=dtype)
     scale = head_dim ** -0.5
     ref = reference.paged_attention(q.float(), layer, meta, scale)
-    qk = q
-    if fk.rotate:  # what the launcher in kvpack.kernels does around this kernel
-        qk = (q.float() @ fk.rotation(device)).to(dtype)
-    out = prefill_paged_attention(qk, layer, meta, scale, config=config).float()
-    if fv.rotate:
-        out = out @ fv.rotation(device)
+    if attention is not None:
+        out = attention(q, layer, meta, scale).float()
+    else:
+        out = prefill_paged_attention(q, layer, meta, scale, config=config).float()
     return out, ref
 
 
@@ -159,6 +142,13 @@ def test_causal_boundaries_every_offset():
 def test_float16_cache_long_prefix():
     out, ref = run_case("float16", "float16", q_lens=(7, 1), seq_lens=(130, 97), dtype=torch.float16,
                         config=TileConfig(32, 32, 4, 1))
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+
+
+def test_public_launcher_dispatches_mixed_batches_here():
+    from kvpack.kernels import paged_attention
+
+    out, ref = run_case("int4", "int4", dtype=torch.float16, attention=paged_attention, **MIXED)
     torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
 
 

@@ -15,13 +15,12 @@ in registers (code * scale + zero per group). V: dequantized in registers (value
 keeps fp16 operands out of the subnormal range that folding scales into p would hit. Static
 per-head scales are applied once: into the softmax scale (K) and to the output (V).
 
-Rotation is the caller's job (`kvpack.kernels.paged_attention`): q arrives already multiplied by R
-when K is rotated, and the output is in V's rotated basis when V is rotated.
+Rotation (int4) happens around the kernel, as in the decode kernel: q @ R goes in when K rotates,
+and the output is multiplied by R when V rotates (torch matmuls; R @ R = I).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,7 @@ import triton.language as tl
 
 from kvpack.config import KVPackError
 from kvpack.kernels.quant import (
-    K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, fp8_decode_f16, fp8_f16_factor, int4_hi, int4_lo,
+    INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, fp8_decode_f16, fp8_f16_factor, int4_hi, int4_lo,
 )
 
 if TYPE_CHECKING:
@@ -174,6 +173,7 @@ def _prefill_attn_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
     pid = tl.program_id(0)
@@ -209,20 +209,27 @@ def _prefill_attn_kernel(
     bt_row = bt_ptr + seq.to(tl.int64) * s_bt
     kv_end = ctx + tl.minimum(t0 + BLOCK_Q, q_len)  # keys [0, kv_end) are visible to some row
     kv_full = (ctx + t0 + 1) // BLOCK_N * BLOCK_N  # keys [0, kv_full) are visible to every row
-    for n0 in range(0, kv_full, BLOCK_N):
-        acc_lo, acc_hi, m_i, l_i = _attend(
-            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
-            kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
-            s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
-            K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
-            BLOCK_M, BLOCK_N, BLOCK_SIZE, False, DT, F32)
-    for n0 in range(kv_full, kv_end, BLOCK_N):
-        acc_lo, acc_hi, m_i, l_i = _attend(
-            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
-            kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
-            s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
-            K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
-            BLOCK_M, BLOCK_N, BLOCK_SIZE, True, DT, F32)
+    for phase in tl.static_range(2):  # 0: tiles every row sees whole, 1: the diagonal (masked)
+        lo = kv_full * phase
+        hi = kv_full + (kv_end - kv_full) * phase
+        if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
+            n0 = lo
+            while n0 < hi:
+                acc_lo, acc_hi, m_i, l_i = _attend(
+                    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                    kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
+                    s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
+                    K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32)
+                n0 += BLOCK_N
+        else:
+            for n0 in range(lo, hi, BLOCK_N):
+                acc_lo, acc_hi, m_i, l_i = _attend(
+                    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                    kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
+                    s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
+                    K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32)
 
     inv_l = 1.0 / l_i
     if V_MODE == 2:
@@ -247,7 +254,7 @@ class TileConfig:
 
 def pick_tile_config(head_dim: int, device: torch.device) -> TileConfig:
     """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+    if INTERPRET or device.type != "cuda":
         return TileConfig(32, 16, 4, 1)
     major, minor = torch.cuda.get_device_capability(device)
     big = head_dim > 128
@@ -292,6 +299,8 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
         raise KVPackError("KV cache codes must be contiguous in their last dim")
     scales = pool.scales if pool.scales is not None else codes
     zeros = pool.zeros if pool.zeros is not None else scales
+    if scales.stride(-1) != 1 or zeros.stride() != scales.stride():
+        raise KVPackError("KV cache scales and zeros must share one layout, contiguous in the last dim")
     static = pool.static_scale if pool.static_scale is not None else codes
     mode = _MODES[fmt.scale_mode]
     if mode == 1 and (pool.scales is None or (fmt.kind == "int4" and pool.zeros is None)):
@@ -303,6 +312,18 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
                scales.stride(0), scales.stride(1), scales.stride(2)]
     gs = fmt.group_size if fmt.kind == "int4" else 1
     return ptrs, strides, fmt.kernel_id, mode, gs
+
+
+_rotations: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
+    if not pool.fmt.rotate:
+        return None
+    key = (pool.fmt.head_dim, str(device))
+    if key not in _rotations:
+        _rotations[key] = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
+    return _rotations[key]
 
 
 def prefill_paged_attention(
@@ -317,14 +338,15 @@ def prefill_paged_attention(
 ) -> torch.Tensor:
     """Causal paged attention of a mixed batch (prefill chunks and decodes) over the cache.
 
-    q:   [T, Hq, D] float16 / bfloat16 / float32, last dim contiguous; already multiplied by R when
-         K is rotated. Query token i of sequence b sits at position seq_lens[b] - q_len[b] + i.
+    q:   [T, Hq, D] float16 / bfloat16 / float32, unrotated (as `reference.paged_attention`).
+         Query token i of sequence b sits at position seq_lens[b] - q_len[b] + i.
     layer_cache: K and V pools (any formats; codes [num_blocks, Hkv, block_size, code_width]).
     metadata: query_start_loc [B+1] int32, seq_lens [B] int32, block_tables [B, max_blocks] int32.
     scale: softmax scale (usually D ** -0.5).
-    out: optional [T, Hq, D] in q's dtype. Rows of tokens past query_start_loc[-1] are not written.
+    out: optional [T, Hq, D] in q's dtype. Rows past query_start_loc[-1] (padding) are unspecified.
     config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
-    Returns out [T, Hq, D] in q's dtype (in V's rotated basis when V is rotated).
+    Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R goes in when K rotates (rounded
+    to q's dtype), and the float32 output is multiplied by R when V rotates.
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
@@ -335,15 +357,21 @@ def prefill_paged_attention(
         raise KVPackError(f"q head dim {D} does not match the KV cache head dim {kp.fmt.head_dim}")
     if Hq % Hkv or vp.num_kv_heads != Hkv:
         raise KVPackError(f"{Hq} query heads are not a multiple of {Hkv} kv heads")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    if vp.block_size != kp.block_size:
+        raise KVPackError("K and V pools must share one block size")
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise KVPackError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
     num_seqs = metadata.seq_lens.shape[0]
     if T == 0 or num_seqs == 0:
         return out
+    rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
+    q_in = (q.float() @ rk).to(q.dtype) if rk is not None else q
+    if q_in.stride(-1) != 1:
+        q_in = q_in.contiguous()
+    o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rv is not None else out
+
     group = Hq // Hkv
     half = D // 2
     cfg = config or pick_tile_config(D, q.device)
@@ -355,14 +383,16 @@ def prefill_paged_attention(
     bt = metadata.block_tables
     grid = (tile_seq.numel(), Hkv)
     _prefill_attn_kernel[grid](
-        q, out, tile_seq, tile_start, metadata.query_start_loc, metadata.seq_lens, bt,
+        q_in, o, tile_seq, tile_start, metadata.query_start_loc, metadata.seq_lens, bt,
         *k_ptrs, *v_ptrs, float(scale),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), bt.stride(0),
+        q_in.stride(0), q_in.stride(1), o.stride(0), o.stride(1), bt.stride(0),
         *k_strides, *v_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
         HALF=half, HALF_PAD=max(16, triton.next_power_of_2(half)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
-        DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32,
+        DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if rv is not None:
+        out.copy_(o @ rv)
     return out
