@@ -1,0 +1,280 @@
+"""Shared pieces of `kvpack bench throughput | latency | capacity`: engine arguments, format lists,
+length ranges, config-only model lookup, workloads, the table printer and the JSON record (with the
+GPU, driver, torch, triton, commit and command, as every benchmark result should carry)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from kvpack.config import ConfigError, KVPackError, ModelConfig
+from kvpack.engine.memory_planner import parse_bytes
+
+DEFAULT_BENCH_MODEL = "dummy:llama-3.1-8b"
+BASELINE = "bfloat16"
+
+
+# ---- arguments ------------------------------------------------------------------------------------
+
+def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloat16,int8,int4",
+                    default_model: str = DEFAULT_BENCH_MODEL) -> None:
+    """The engine flags every bench mode shares (vLLM's names)."""
+    p.add_argument("--model", default=default_model,
+                   help=f"preset (dummy weights), HF folder or .gguf (default {default_model})")
+    p.add_argument("--dtype", default="auto", help="weights/activations: auto, bfloat16, float16, float32")
+    p.add_argument("--kv-cache-dtype", default=default_formats,
+                   help="comma list of KV formats to compare in one run; FORMAT or KFORMAT/VFORMAT "
+                        f"(default {default_formats})")
+    p.add_argument("--kv-scales", default=None, help="scales file for static int8/fp8 scales")
+    p.add_argument("--int4-group-size", type=int, default=32, choices=(32, 64))
+    p.add_argument("--no-kv-rotation", action="store_true", help="int4 without the Hadamard rotation")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
+                   help="fixed KV budget, the same for every format (e.g. 16GiB, 8GB)")
+    p.add_argument("--num-blocks", type=int, default=None, help="fixed number of KV blocks")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None, help="write the results here (JSON)")
+
+
+def parse_format_list(text: str) -> list[str]:
+    """'bf16, int8,int4/fp8' -> ['bfloat16', 'int8', 'int4/fp8_e4m3'] (validated, canonical names)."""
+    from kvpack.formats import canonical_name
+
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ConfigError("--kv-cache-dtype needs at least one format")
+    out = []
+    for item in items:
+        parts = item.split("/")
+        if len(parts) > 2 or not all(parts):
+            raise ConfigError(f"bad --kv-cache-dtype item {item!r}: use FORMAT or KFORMAT/VFORMAT")
+        out.append("/".join(canonical_name(part) for part in parts))  # ConfigError lists valid names
+    return out
+
+
+def split_format(item: str) -> tuple[str, str | None, str | None]:
+    """'int8' -> (kv_cache_dtype='int8', None, None); 'int4/int8' -> ('auto', 'int4', 'int8')."""
+    if "/" in item:
+        k, v = item.split("/")
+        return "auto", k, v
+    return item, None, None
+
+
+@dataclass(frozen=True)
+class LenRange:
+    """A fixed length (lo == hi) or a uniform integer range [lo, hi] (`--input-len 2048:8192`)."""
+
+    lo: int
+    hi: int
+
+    def sample(self, rng: random.Random) -> int:
+        return self.lo if self.lo == self.hi else rng.randint(self.lo, self.hi)
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}:{self.hi}"
+
+
+def parse_len_range(text: str) -> LenRange:
+    try:
+        parts = [int(x) for x in str(text).split(":")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad length {text!r}: use N or LO:HI") from None
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or parts[0] < 1 or parts[1] < parts[0]:
+        raise argparse.ArgumentTypeError(f"bad length {text!r}: use N or LO:HI with 1 <= LO <= HI")
+    return LenRange(*parts)
+
+
+def engine_kwargs(args: argparse.Namespace, item: str, **overrides: Any) -> dict[str, Any]:
+    """`LLMEngine.from_args` keywords for one format item of the comma list."""
+    kv, k, v = split_format(item)
+    kw = dict(dtype=args.dtype, kv_cache_dtype=kv, k_cache_dtype=k, v_cache_dtype=v,
+              kv_scales=args.kv_scales, kv_rotation=not args.no_kv_rotation,
+              int4_group_size=args.int4_group_size, block_size=args.block_size,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+              num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
+              gpu_memory_utilization=args.gpu_memory_utilization, device=args.device, seed=args.seed,
+              enforce_eager=args.enforce_eager)
+    kw.update(overrides)
+    return kw
+
+
+def build_engine(args: argparse.Namespace, item: str, **overrides: Any):
+    from kvpack.engine.llm_engine import LLMEngine
+
+    return LLMEngine.from_args(args.model, **engine_kwargs(args, item, **overrides))
+
+
+def release(engine: Any) -> None:
+    """Drop an engine and give its GPU memory back before the next format is built."""
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def sync(device: Any = None) -> None:
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()
+
+
+# ---- models without weights -----------------------------------------------------------------------
+
+def model_config_only(model: str) -> ModelConfig:
+    """The ModelConfig of a preset, HF folder (config.json) or .gguf, without loading any weights."""
+    from kvpack.models.presets import PRESETS, preset_config
+
+    cfg = preset_config(model)
+    if cfg is not None:
+        return cfg
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise ConfigError(f"{path} is not a model folder (no config.json)")
+        with open(cfg_path) as f:
+            return ModelConfig.from_hf_config(json.load(f), name=os.path.basename(path.rstrip("/")))
+    if os.path.isfile(path):
+        from kvpack.models.gguf_loader import GGUFFile
+
+        return GGUFFile(path).model_config()
+    raise ConfigError(f"model {model!r} not found: not a preset ({', '.join(PRESETS)}), folder or .gguf")
+
+
+# ---- workloads ------------------------------------------------------------------------------------
+
+def random_prompts(num: int, input_len: LenRange, output_len: LenRange, vocab_size: int,
+                   seed: int) -> list[tuple[list[int], int]]:
+    """`num` (prompt token ids, output length) pairs; token ids uniform in [0, min(vocab, 32000))
+    from `seed`, so every format and every framework sees the same workload."""
+    rng = random.Random(seed)
+    hi = max(1, min(vocab_size, 32000)) - 1
+    out = []
+    for _ in range(num):
+        n = input_len.sample(rng)
+        out.append(([rng.randint(0, hi) for _ in range(n)], output_len.sample(rng)))
+    return out
+
+
+def text_prompts(path: str, tokenizer: Any, num: int, output_len: LenRange, max_len: int | None,
+                 seed: int) -> list[tuple[list[int], int]]:
+    """One prompt per non-empty line of a text file (cycled up to `num`), tokenized."""
+    if tokenizer is None:
+        raise KVPackError("this model has no tokenizer; --dataset needs one")
+    with open(path, encoding="utf-8") as f:
+        lines = [ln.strip() for ln in f if ln.strip()]
+    if not lines:
+        raise KVPackError(f"{path} has no non-empty lines")
+    rng = random.Random(seed)
+    out = []
+    for i in range(num):
+        ids = tokenizer.encode(lines[i % len(lines)])[: max_len or None]
+        out.append((ids or [0], output_len.sample(rng)))
+    return out
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    """columns: (key, header, format spec such as ',d' or '.2f'); a markdown-compatible table."""
+    head = [h for _, h, _ in columns]
+    body = [[_fmt(r.get(k), spec) for k, _, spec in columns] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    return "\n".join([line(head), sep, *(line(b) for b in body)])
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)) and spec:
+        return format(value, spec)
+    return str(value)
+
+
+def add_ratios(rows: list[dict[str, Any]], key: str, out_key: str) -> None:
+    """rows[i][out_key] = rows[i][key] / (the bf16 row's, else the first row's) value."""
+    if not rows:
+        return
+    base = next((r for r in rows if r.get("kv_cache_dtype") == BASELINE), rows[0])
+    for r in rows:
+        b = base.get(key)
+        r[out_key] = (r[key] / b) if b and r.get(key) is not None else None
+
+
+def env_info() -> dict[str, Any]:
+    """Where and how a result was measured."""
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        info["cuda"] = torch.version.cuda
+        info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    else:
+        info["gpu"] = None
+        info["cpu"] = platform.processor() or platform.machine()
+    info["commit"] = _run(["git", "rev-parse", "--short", "HEAD"],
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    return info
+
+
+def _run(cmd: list[str], cwd: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=cwd)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_json(path: str | None, payload: Any) -> None:
+    if not path:
+        return
+    if path == "-":
+        json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+
+
+def mean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else None
+
+
+def percentile(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    i = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[i]

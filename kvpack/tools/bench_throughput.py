@@ -1,0 +1,156 @@
+"""`kvpack bench throughput`: offline throughput, N requests through the engine, per KV format.
+
+All requests are queued at t0 (as vLLM's offline throughput benchmark does) and run with continuous
+batching; every format in `--kv-cache-dtype` gets the same workload (seeded random token ids, or the
+lines of `--dataset`), the same weights and the same KV budget. Reported per format: requests/s,
+output tokens/s, total tokens/s, TTFT and TPOT means (TTFT counts the queueing from t0), preemptions,
+peak KV usage, and a check that every block is free at the end.
+
+    kvpack bench throughput --model llama-3.1-8b --num-prompts 256 --input-len 2048:8192 \
+        --output-len 256:512 --kv-cache-memory 16GiB --kv-cache-dtype bfloat16,int8,int4
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from kvpack.config import KVPackError
+from kvpack.sampling_params import SamplingParams
+from kvpack.tools.bench_common import (
+    LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
+    parse_len_range, percentile, random_prompts, release, text_prompts, write_json,
+)
+
+COLUMNS = [("kv_cache_dtype", "format", ""), ("kv_cache_tokens", "KV tokens", ",d"),
+           ("requests_per_s", "req/s", ".2f"), ("output_tok_s", "output tok/s", ",.0f"),
+           ("total_tok_s", "total tok/s", ",.0f"), ("output_tok_s_vs_bf16", "vs bf16", ".2f"),
+           ("mean_ttft_ms", "TTFT ms", ",.0f"), ("mean_tpot_ms", "TPOT ms", ".1f"),
+           ("preemptions", "preempt", "d"), ("peak_kv_usage", "peak KV", ".0%"),
+           ("peak_running", "peak seqs", "d"), ("all_blocks_free", "blocks free", "")]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_engine_args(p)
+    p.add_argument("--num-prompts", type=int, default=256, help="requests (default 256)")
+    p.add_argument("--input-len", type=parse_len_range, default=LenRange(128, 128),
+                   help="prompt tokens: N or a uniform range LO:HI (default 128)")
+    p.add_argument("--output-len", type=parse_len_range, default=LenRange(128, 128),
+                   help="generated tokens per request (EOS ignored): N or LO:HI (default 128)")
+    p.add_argument("--dataset", default=None, help="text file, one prompt per line (instead of random ids)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--warmup-requests", type=int, default=2,
+                   help="short requests run before timing, per format (default 2)")
+
+
+def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any) -> list[tuple[list[int], int]]:
+    if args.dataset:
+        return text_prompts(args.dataset, tokenizer, args.num_prompts, args.output_len,
+                            args.max_model_len and args.max_model_len - args.output_len.hi, args.seed)
+    return random_prompts(args.num_prompts, args.input_len, args.output_len, model_config.vocab_size, args.seed)
+
+
+def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature: float = 0.0,
+                 prefix: str = "req", progress: bool = True) -> dict[str, Any]:
+    """Queue every request at once, step until done; timings and KV figures of the run."""
+    before = engine.stats()
+    t0 = time.time()
+    for i, (ids, out_len) in enumerate(workload):
+        params = SamplingParams(temperature=temperature, max_tokens=out_len, min_tokens=out_len,
+                                ignore_eos=True, seed=None)
+        engine.add_request(f"{prefix}-{i}", ids, params, arrival_time=t0)
+    total_blocks = engine.num_total_blocks
+    peak_used = peak_running = steps = 0
+    ttft, tpot, n_out = [], [], 0
+    bar = tqdm(total=len(workload), desc=f"{engine.kv_format_name}", unit="req", mininterval=1.0,
+               disable=not progress, leave=False)
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        steps += 1
+        peak_used = max(peak_used, total_blocks - engine.num_free_blocks)
+        peak_running = max(peak_running, len(engine.scheduler.running))
+        for out in outputs:
+            if not out.finished:
+                continue
+            m = out.metrics
+            n = len(out.outputs[0].token_ids)
+            n_out += n
+            ttft.append(m["first_token_time"] - m["arrival_time"])
+            if n > 1:
+                tpot.append((m["finished_time"] - m["first_token_time"]) / (n - 1))
+            bar.update(1)
+    elapsed = time.time() - t0
+    bar.close()
+    after = engine.stats()
+    n_in = sum(len(ids) for ids, _ in workload)
+    return {
+        "num_requests": len(workload), "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
+        "steps": steps, "requests_per_s": len(workload) / elapsed, "output_tok_s": n_out / elapsed,
+        "total_tok_s": (n_in + n_out) / elapsed,
+        "mean_ttft_ms": _ms(mean(ttft)), "median_ttft_ms": _ms(percentile(ttft, 50)),
+        "p99_ttft_ms": _ms(percentile(ttft, 99)), "mean_tpot_ms": _ms(mean(tpot)),
+        "median_tpot_ms": _ms(percentile(tpot, 50)),
+        "preemptions": after["num_preemptions"] - before["num_preemptions"],
+        "peak_kv_usage": peak_used / total_blocks, "peak_running": peak_running,
+        "all_blocks_free": engine.num_free_blocks == total_blocks,
+    }
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1000.0 * x
+
+
+def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None) -> dict[str, Any]:
+    engine = build_engine(args, item, max_model_len=max_model_len)
+    try:
+        info = engine.kv_cache_info()
+        workload = make_workload(args, engine.model_config, engine.tokenizer)
+        if args.warmup_requests > 0:
+            warm = random_prompts(args.warmup_requests, LenRange(16, min(512, max(16, args.input_len.hi))),
+                                  LenRange(4, 4), engine.model_config.vocab_size, args.seed + 1)
+            run_requests(engine, warm, args.temperature, prefix="warmup", progress=False)
+        row = {"kv_cache_dtype": item, "kv_cache_tokens": info["num_tokens"],
+               "kv_bytes_per_token": info["bytes_per_token"], "kv_cache_gib": info["gib"],
+               "num_blocks": info["num_blocks"], "max_model_len": info["max_model_len"],
+               "max_concurrency": info["max_concurrency"]}
+        row.update(run_requests(engine, workload, args.temperature))
+        return row
+    finally:
+        release(engine)
+
+
+def run(args: argparse.Namespace) -> int:
+    formats = parse_format_list(args.kv_cache_dtype)
+    if args.num_prompts < 1:
+        raise KVPackError("--num-prompts must be >= 1")
+    max_model_len = args.max_model_len
+    if max_model_len is None and not args.dataset:
+        max_model_len = args.input_len.hi + args.output_len.hi
+    rows = []
+    for item in formats:
+        rows.append(bench_format(args, item, max_model_len))
+        r = rows[-1]
+        print(f"{item}: {r['output_tok_s']:,.0f} output tok/s, {r['requests_per_s']:.2f} req/s, "
+              f"{r['preemptions']} preemptions, peak KV {r['peak_kv_usage']:.0%}", flush=True)
+    add_ratios(rows, "output_tok_s", "output_tok_s_vs_bf16")
+    add_ratios(rows, "kv_cache_tokens", "kv_tokens_vs_bf16")
+    print(f"\nthroughput: {args.model}, {args.num_prompts} requests, input {args.input_len}, "
+          f"output {args.output_len}")
+    print(format_table(rows, COLUMNS))
+    payload = {"bench": "throughput", "env": env_info(),
+               "config": {"model": args.model, "num_prompts": args.num_prompts, "input_len": str(args.input_len),
+                          "output_len": str(args.output_len), "dataset": args.dataset,
+                          "kv_cache_memory": args.kv_cache_memory, "num_blocks": args.num_blocks,
+                          "gpu_memory_utilization": args.gpu_memory_utilization,
+                          "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
+                          "enforce_eager": args.enforce_eager, "dtype": args.dtype},
+               "results": rows}
+    write_json(args.output_json, payload)
+    bad = [r["kv_cache_dtype"] for r in rows if not r["all_blocks_free"]]
+    if bad:
+        print(f"kvpack: error: KV blocks still in use after the run for {', '.join(bad)}")
+        return 1
+    return 0
