@@ -25,6 +25,7 @@ from kvpack.kernels.quant import (
 )
 
 _LOG2E = 1.4426950408889634
+_INTERPRET_C = tl.constexpr(INTERPRET)
 
 
 @triton.jit
@@ -79,8 +80,12 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
 
 @triton.jit
 def _dot(a, b, DT: tl.constexpr):
+    """a @ b with operands of dtype DT: fp32 operands use input_precision="ieee" (no TF32); the CPU
+    interpreter multiplies bf16 as integers, so there bf16 operands are widened to fp32 (exact)."""
     if DT == tl.float32:
         out = tl.dot(a, b, input_precision="ieee")
+    elif _INTERPRET_C and DT == tl.bfloat16:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         out = tl.dot(a, b)
     return out
@@ -107,7 +112,7 @@ def _attend_tile(
     if K_FMT == K_FMT_INT4:
         k_lo, k_hi = _load_int4(kc_ptr, ks_ptr, kz_ptr, kc_row, ks_row, nmask, D, HALF_PAD, K_G,
                                 K_ALIGNED, BLOCK_N)
-        s = tl.dot(q_a, tl.trans(k_lo.to(K_DT))) + tl.dot(q_b, tl.trans(k_hi.to(K_DT)))
+        s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
     else:
         k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD)
         s = _dot(q_a, tl.trans(k), K_DT)
@@ -128,8 +133,8 @@ def _attend_tile(
         v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
                                 V_ALIGNED, BLOCK_N)
         pd = p.to(V_DT)
-        acc_a = acc_a * alpha[:, None] + tl.dot(pd, v_lo.to(V_DT))
-        acc_b = acc_b * alpha[:, None] + tl.dot(pd, v_hi.to(V_DT))
+        acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo.to(V_DT), V_DT)
+        acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi.to(V_DT), V_DT)
     else:
         v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD)
         if V_FMT != K_FMT_FLOAT:
@@ -170,11 +175,11 @@ def _decode_kernel(
     if K_FMT == K_FMT_INT4:
         j = tl.arange(0, HALF_PAD)
         qm = gm[:, None] & (j < HALF)[None, :]
-        q_a = tl.load(q_base + j[None, :], mask=qm, other=0.0).to(K_DT)
-        q_b = tl.load(q_base + HALF + j[None, :], mask=qm, other=0.0).to(K_DT)
+        q_a = tl.load(q_base + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
+        q_b = tl.load(q_base + HALF + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
     else:
         d = tl.arange(0, D_PAD)
-        q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(K_DT)
+        q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32).to(K_DT)
         q_b = q_a
     if K_STATIC:
         qk_scale = qk_scale * tl.load(kst_ptr + h)

@@ -1,0 +1,360 @@
+"""Decode paged attention and cache write on the GPU: time, KV bytes read, TB/s, ratios.
+
+    python benchmarks/bench_attention.py [--quick] [--check] [--out results/attention]
+
+For each shape (Llama-3.1-8B attention: 32 q / 8 kv heads, head_dim 128, block 16, at batch x
+context 1x32768 ... 128x1024, plus SmolLM2: 9 q / 3 kv / 64) and each KV format (bf16, int8,
+int8-static, int4, fp8_e4m3, fp8_e5m2): the median time of one decode step (CUDA graph replay,
+`triton.testing.do_bench`, which flushes L2 before every replay), the KV bytes it must read
+(codes + scales of every context token), TB/s, the ratio to kvpack's bf16 cache, and the ratio
+to torch SDPA (cuDNN and flash backends) on the same context stored contiguously in bf16, all in
+the same run; then cache-write throughput per format. Block tables are random permutations.
+Writes JSON, a markdown table and a PNG plot to --out, with GPU, driver, torch, triton, commit and
+the command line. `--check` compares every kernel with the PyTorch reference first. `--tune`
+sweeps tile/warp/stage/split choices (for picking the heuristics), printing the best per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kvpack.attention import AttentionMetadata, LayerKVCache, allocate_pool  # noqa: E402
+from kvpack.formats import resolve_format  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    context: int
+    hq: int = 32
+    hkv: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+
+
+SHAPES = [Shape("llama8b-1x32768", 1, 32768), Shape("llama8b-8x8192", 8, 8192),
+          Shape("llama8b-32x4096", 32, 4096), Shape("llama8b-64x2048", 64, 2048),
+          Shape("llama8b-128x1024", 128, 1024), Shape("smollm2-32x4096", 32, 4096, 9, 3, 64)]
+QUICK_SHAPES = ["llama8b-1x32768", "llama8b-32x4096", "smollm2-32x4096"]
+FORMATS = ["bf16", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e5m2"]
+# vLLM's Triton paged-attention kernel on the same shapes (from the issue), microseconds.
+VLLM_US = {
+    "bf16": {"llama8b-1x32768": 174, "llama8b-8x8192": 130, "llama8b-32x4096": 239,
+             "llama8b-64x2048": 154, "llama8b-128x1024": 157},
+    "int8": {"llama8b-1x32768": 315, "llama8b-8x8192": 222, "llama8b-32x4096": 417,
+             "llama8b-64x2048": 420, "llama8b-128x1024": 425},
+    "int4": {"llama8b-1x32768": 360, "llama8b-8x8192": 318, "llama8b-32x4096": 589,
+             "llama8b-64x2048": 596, "llama8b-128x1024": 470},
+}
+
+
+def make_cache(fmt_name: str, shape: Shape, num_blocks: int, device) -> LayerKVCache:
+    base, _, variant = fmt_name.partition("-")
+    base = {"bf16": "bfloat16"}.get(base, base)
+
+    def pool():
+        fmt = resolve_format(base, head_dim=shape.head_dim, static=variant == "static")
+        static = None
+        if fmt.scale_mode == "static":  # randn K/V: |x| <= ~5 maps onto the code range
+            static = torch.full((shape.hkv,), 5.0 / fmt.qmax, device=device)
+        return allocate_pool(fmt, num_blocks, shape.hkv, shape.block_size, device, static)
+
+    return LayerKVCache(pool(), pool())
+
+
+def make_case(fmt_name: str, shape: Shape, device, gen: torch.Generator):
+    """Cache filled through the Triton write (random K/V), random block tables, decode metadata, q."""
+    from kvpack.kernels import write_kv
+
+    bpseq = shape.context // shape.block_size
+    num_blocks = shape.batch * bpseq + 1
+    lc = make_cache(fmt_name, shape, num_blocks, device)
+    perm = torch.randperm(num_blocks, generator=gen)[: shape.batch * bpseq].view(shape.batch, bpseq)
+    tables = perm.tolist()
+    T = shape.batch * shape.context
+    pos = torch.arange(shape.context)
+    slots = (perm[:, pos // shape.block_size] * shape.block_size + pos % shape.block_size).reshape(-1)
+    for lo in range(0, T, 1 << 17):  # fill in chunks: bounded temporary memory
+        hi = min(T, lo + (1 << 17))
+        k = torch.randn(hi - lo, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
+        v = torch.randn(hi - lo, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
+        write_kv(k, v, lc, slots[lo:hi].to(device))
+    meta = AttentionMetadata.build([1] * shape.batch, [shape.context] * shape.batch, tables,
+                                   shape.block_size, device=device)
+    q = torch.randn(shape.batch, shape.hq, shape.head_dim, device=device, dtype=torch.bfloat16)
+    return lc, meta, q
+
+
+def kv_bytes(lc: LayerKVCache, shape: Shape) -> int:
+    per_token = (lc.k.fmt.bytes_per_token_head + lc.v.fmt.bytes_per_token_head) * shape.hkv
+    return per_token * shape.batch * shape.context
+
+
+def time_graph(fn, rep_ms: int) -> float:
+    """Median microseconds of one replay of fn captured in a CUDA graph (L2 flushed before each)."""
+    import triton
+
+    fn()  # compile / warm up outside the capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return 1000 * triton.testing.do_bench(g.replay, warmup=max(5, rep_ms // 5), rep=rep_ms, return_mode="median")
+
+
+def bench_sdpa(shape: Shape, device, rep_ms: int, gen: torch.Generator) -> dict:
+    """torch SDPA on the same context, contiguous bf16 [B, H, S, D]; q [B, Hq, 1, D]."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, S, D = shape.batch, shape.context, shape.head_dim
+    q = torch.randn(B, shape.hq, 1, D, device=device, dtype=torch.bfloat16)
+    k = torch.randn(B, shape.hkv, S, D, device=device, dtype=torch.bfloat16)
+    v = torch.randn(B, shape.hkv, S, D, device=device, dtype=torch.bfloat16)
+    out = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        for mode in ("gqa", "repeat_kv"):
+            try:
+                if mode == "gqa":
+                    kk, vv, kw = k, v, {"enable_gqa": True}
+                else:
+                    g = shape.hq // shape.hkv
+                    kk, vv, kw = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), {}
+
+                def fn(kk=kk, vv=vv, kw=kw, backend=backend):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, kk, vv, **kw)
+
+                us = time_graph(fn, rep_ms)
+                out[name] = {"us": us, "mode": mode}
+                break
+            except Exception as e:  # backend unavailable for this shape: try the next mode
+                out[name] = {"us": None, "error": f"{type(e).__name__}: {str(e)[:160]}"}
+    return out
+
+
+def check_case(lc, meta, q, scale) -> float:
+    from kvpack.attention import reference
+    from kvpack.kernels import paged_attention
+
+    ref = reference.paged_attention(q.float(), lc, meta, scale)
+    out = paged_attention(q, lc, meta, scale).float()
+    return ((out - ref).abs() / (1 + ref.abs())).max().item()
+
+
+def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -> dict:
+    from kvpack.kernels import write_kv
+
+    nb = tokens // shape.block_size + 1
+    lc = make_cache(fmt_name, shape, nb, device)
+    k = torch.randn(tokens, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = torch.randperm(nb * shape.block_size, device=device)[:tokens]
+    us = time_graph(lambda: write_kv(k, v, lc, slots), rep_ms)
+    in_bytes = 2 * k.numel() * k.element_size()
+    return {"format": fmt_name, "tokens": tokens, "us": us, "input_TBps": in_bytes / us / 1e6,
+            "cache_bytes_written": kv_bytes(lc, Shape("w", 1, tokens, shape.hq, shape.hkv, shape.head_dim))}
+
+
+def tune(shapes, formats, device, rep_ms, gen) -> list[dict]:
+    from kvpack.kernels.decode_attention import choose_num_splits, decode_paged_attention
+
+    rows = []
+    for shape in shapes:
+        for fmt_name in formats:
+            lc, meta, q = make_case(fmt_name, shape, device, gen)
+            nbytes = kv_bytes(lc, shape)
+            base = choose_num_splits(shape.batch, shape.hkv, shape.context, 64, device)
+            split_opts = sorted({base, max(1, base // 2), base * 2})
+            best = None
+            for block_n in (32, 64, 128):
+                for warps in (4, 8):
+                    for stages in (2, 3, 4):
+                        for splits in split_opts:
+                            try:
+                                us = time_graph(lambda: decode_paged_attention(
+                                    q, lc, meta, shape.head_dim ** -0.5, num_splits=splits, block_n=block_n,
+                                    num_warps=warps, num_stages=stages), rep_ms)
+                            except Exception as e:
+                                print(f"  tune fail {shape.name} {fmt_name} {block_n}/{warps}/{stages}/{splits}: "
+                                      f"{type(e).__name__}", flush=True)
+                                continue
+                            r = {"shape": shape.name, "format": fmt_name, "block_n": block_n, "warps": warps,
+                                 "stages": stages, "splits": splits, "us": us, "TBps": nbytes / us / 1e6}
+                            rows.append(r)
+                            if best is None or us < best["us"]:
+                                best = r
+            print(f"TUNE best {shape.name:18s} {fmt_name:12s} {best['us']:8.1f} us {best['TBps']:5.2f} TB/s "
+                  f"bn={best['block_n']} w={best['warps']} st={best['stages']} sp={best['splits']}", flush=True)
+            del lc
+    return rows
+
+
+def environment(argv) -> dict:
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            return ""
+
+    import triton
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    commit = sh(["git", "-C", root, "rev-parse", "HEAD"]) or os.environ.get("KVPACK_COMMIT", "unknown")
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
+            "driver": sh(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(), "commit": commit, "command": " ".join(argv),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def markdown(results: dict) -> str:
+    env = results["env"]
+    fmts = list(dict.fromkeys(r["format"] for r in results["decode"]))
+    by = {(r["shape"], r["format"]): r for r in results["decode"]}
+    lines = [f"# Decode paged attention, {env['gpu']}", "",
+             f"driver {env['driver']}, torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
+             f"commit `{env['commit'][:12]}`, {env['time']}", "", f"`{env['command']}`", "",
+             "Median us per decode step (CUDA graph replay, L2 flushed), TB/s of KV bytes read "
+             "(codes + scales), time relative to kvpack bf16 and to the best torch SDPA backend "
+             "(bf16, contiguous). vLLM: their Triton kernel's us from the issue.", "",
+             "| shape | format | us | TB/s | vs bf16 | vs SDPA | SDPA cudnn / flash us | vLLM us | check |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for shape in dict.fromkeys(r["shape"] for r in results["decode"]):
+        sd = results["sdpa"].get(shape, {})
+        sd_us = [v["us"] for v in sd.values() if v.get("us")]
+        sd_txt = " / ".join(f"{v['us']:.1f}" if v.get("us") else "n/a" for v in sd.values()) or "-"
+        bf = by.get((shape, "bf16"))
+        for f in fmts:
+            r = by.get((shape, f))
+            if r is None:
+                continue
+            vs_bf = f"{r['us'] / bf['us']:.2f}" if bf else "-"
+            vs_sd = f"{r['us'] / min(sd_us):.2f}" if sd_us else "-"
+            vl = results["vllm_us"].get(f.split("-")[0] if f != "int8-static" else "-", {}).get(shape)
+            chk = f"{r['check_err']:.1e}" if "check_err" in r else "-"
+            lines.append(f"| {shape} | {f} | {r['us']:.1f} | {r['TBps']:.2f} | {vs_bf} | {vs_sd} | "
+                         f"{sd_txt if f == fmts[0] else ''} | {vl or '-'} | {chk} |")
+    lines += ["", "## Cache write (Triton, bf16 input K and V, random slots)", "",
+              "| format | tokens | us | TB/s of input |", "|---|---:|---:|---:|"]
+    for w in results["write"]:
+        lines.append(f"| {w['format']} | {w['tokens']} | {w['us']:.1f} | {w['input_TBps']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    shapes = list(dict.fromkeys(r["shape"] for r in results["decode"]))
+    fmts = list(dict.fromkeys(r["format"] for r in results["decode"]))
+    by = {(r["shape"], r["format"]): r["us"] for r in results["decode"]}
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(shapes)), 4.5))
+    series = [(f, [by.get((s, f), 0) for s in shapes]) for f in fmts]
+    sd = [min([v["us"] for v in results["sdpa"].get(s, {}).values() if v.get("us")] or [0]) for s in shapes]
+    if any(sd):
+        series.append(("SDPA bf16 (best)", sd))
+    width = 0.8 / len(series)
+    for i, (name, ys) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes, rotation=15, fontsize=8)
+    ax.set_ylabel("us per decode step (lower is better)")
+    ax.set_title(f"kvpack decode attention, {results['env']['gpu']}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_reports(results: dict, out: str) -> None:
+    with open(os.path.join(out, "bench_attention.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    md = markdown(results)
+    with open(os.path.join(out, "bench_attention.md"), "w") as f:
+        f.write(md)
+    plot(results, os.path.join(out, "bench_attention.png"))
+    print(md)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="3 shapes, shorter timing")
+    ap.add_argument("--check", action="store_true", help="compare each kernel with the reference first")
+    ap.add_argument("--tune", action="store_true", help="sweep block_n/warps/stages/splits instead")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--rep-ms", type=int, default=None)
+    ap.add_argument("--out", default="results/attention")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    names = args.shapes.split(",") if args.shapes else (QUICK_SHAPES if args.quick else [s.name for s in SHAPES])
+    shapes = [s for s in SHAPES if s.name in names]
+    formats = args.formats.split(",")
+    rep = args.rep_ms or (40 if args.quick else 100)
+    env = environment(sys.argv)
+    print(json.dumps(env), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    if args.tune:
+        rows = tune(shapes, formats, device, rep, gen)
+        with open(os.path.join(args.out, "tune.json"), "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+        return 0
+
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    results = {"env": env, "decode": [], "sdpa": {}, "write": [], "vllm_us": VLLM_US}
+    for shape in shapes:
+        scale = shape.head_dim ** -0.5
+        if not args.no_sdpa:
+            results["sdpa"][shape.name] = bench_sdpa(shape, device, rep, gen)
+        for fmt_name in formats:
+            lc, meta, q = make_case(fmt_name, shape, device, gen)
+            row = {"shape": shape.name, "batch": shape.batch, "context": shape.context, "format": fmt_name,
+                   "kv_bytes": kv_bytes(lc, shape)}
+            if args.check:
+                row["check_err"] = check_case(lc, meta, q, scale)
+            row["us"] = time_graph(lambda: decode_paged_attention(q, lc, meta, scale), rep)
+            row["TBps"] = row["kv_bytes"] / row["us"] / 1e6
+            results["decode"].append(row)
+            print(f"{shape.name:18s} {fmt_name:12s} {row['us']:8.1f} us {row['TBps']:5.2f} TB/s"
+                  + (f"  check {row['check_err']:.1e}" if "check_err" in row else ""), flush=True)
+            del lc, meta, q
+            torch.cuda.empty_cache()
+    wshape = Shape("write", 1, 1, 32, 8, 128)
+    for fmt_name in formats:
+        results["write"].append(bench_write(fmt_name, wshape, device, rep, 16384))
+        results["write"].append(bench_write(fmt_name, wshape, device, rep, 64))
+    write_reports(results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
