@@ -152,7 +152,7 @@ def _decode_kernel(
     vc_ptr, vs_ptr, vz_ptr, vst_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
     out_ptr, so_t, so_h, po_ptr, pml_ptr, qk_scale, tokens_per_split,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr, K_ALIGNED: tl.constexpr,
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
@@ -224,7 +224,7 @@ def _decode_kernel(
     else:
         c = tl.arange(0, D_PAD)
         cm = gm[:, None] & (c < D)[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
         cm = cm & has_q
         l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -232,8 +232,8 @@ def _decode_kernel(
         if V_FMT == K_FMT_INT4:
             tl.store(o_ptr + HALF, (acc_b / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
     else:
-        # partials: po [B, Hq, NUM_SPLITS, D] fp32, pml [B, Hq, NUM_SPLITS, 2] fp32
-        ph = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * NUM_SPLITS + split
+        # partials: po [B, Hq, num_splits, D] fp32, pml [B, Hq, num_splits, 2] fp32
+        ph = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * tl.num_programs(2) + split
         p_ptr = po_ptr + ph[:, None] * D + c[None, :]
         tl.store(p_ptr, acc_a, mask=cm)
         if V_FMT == K_FMT_INT4:
@@ -243,15 +243,15 @@ def _decode_kernel(
 
 
 @triton.jit
-def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ,
-                  NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
+                  SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
     b = tl.program_id(0)
     hq = tl.program_id(1)
     q_row = tl.load(qsl_ptr + b)
     has_q = tl.load(qsl_ptr + b + 1) > q_row
     sp = tl.arange(0, SPLITS_PAD)
-    smask = sp < NUM_SPLITS
-    ph = (b * HQ + hq).to(tl.int64) * NUM_SPLITS + sp
+    smask = sp < num_splits
+    ph = (b * HQ + hq).to(tl.int64) * num_splits + sp
     m = tl.load(pml_ptr + ph * 2, mask=smask, other=-float("inf"))
     l = tl.load(pml_ptr + ph * 2 + 1, mask=smask, other=0.0)
     m_max = tl.max(m, axis=0)
@@ -378,13 +378,13 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         options["num_stages"] = num_stages
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0),
             *k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split,
-            group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits,
+            group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
             *k_c, *v_c, INTERPRET]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
-        merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq,
-                      num_splits, triton.next_power_of_2(num_splits), D, d_pad]
+        merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
+                      max(2, triton.next_power_of_2(num_splits)), D, d_pad]
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, rv)
 
 
