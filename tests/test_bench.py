@@ -1,0 +1,128 @@
+"""`kvpack bench capacity | throughput | latency` on CPU: tables, JSON keys and values.
+
+Oracles: capacity against hand arithmetic from the format definition and `kv_bytes_per_token`;
+throughput's token counts against the seeded workload it must have run; blocks all free at the end
+even when a tiny pool forces preemptions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvpack.config import CacheConfig
+from kvpack.entrypoints.cli import main
+from kvpack.formats import kv_bytes_per_token
+from kvpack.attention.kv_cache import resolve_kv_formats
+from kvpack.models.presets import preset_config
+from kvpack.tools.bench_common import LenRange, format_table, parse_format_list, parse_len_range, random_prompts
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# ---- capacity -----------------------------------------------------------------------------------
+
+def test_capacity_json_matches_format_definition(tmp_path, capsys):
+    path = tmp_path / "cap.json"
+    rc, out, _ = _run(capsys, ["bench", "capacity", "--model", "llama-3.1-8b", "--kv-cache-memory", "8GiB",
+                               "--kv-cache-dtype", "bfloat16,int8,int4,fp8,int4/int8", "--json", str(path)])
+    assert rc == 0 and "KV cache tokens" in out and "int4" in out
+    rows = json.loads(path.read_text())
+    assert isinstance(rows, list) and [r["kv_cache_dtype"] for r in rows] == [
+        "bfloat16", "int8", "int4", "fp8_e4m3", "int4/int8"]
+    mc = preset_config("llama-3.1-8b")
+    budget = 8 * 2**30
+    for r in rows:
+        assert {"kv_cache_dtype", "tokens", "bytes_per_token", "capacity_vs_bf16"} <= set(r)
+        k, _, v = r["kv_cache_dtype"].partition("/")
+        cc = CacheConfig(kv_cache_dtype=k, v_cache_dtype=v or None)
+        bpt = kv_bytes_per_token(mc, *resolve_kv_formats(mc, cc, torch.bfloat16))
+        assert r["bytes_per_token"] == bpt
+        assert r["tokens"] == budget // (bpt * 16) * 16
+    by = {r["kv_cache_dtype"]: r for r in rows}
+    hand = {"bfloat16": 32 * 8 * 2 * 256, "int8": 32 * 8 * 2 * 130, "int4": 32 * 8 * 2 * 80}
+    for name, bpt in hand.items():
+        assert by[name]["bytes_per_token"] == bpt
+    assert by["bfloat16"]["capacity_vs_bf16"] == 1.0
+    assert by["int8"]["capacity_vs_bf16"] == pytest.approx(256 / 130, rel=0.01)
+    assert by["int4"]["capacity_vs_bf16"] == pytest.approx(3.2, rel=0.01)
+
+
+def test_capacity_from_hf_config_and_stdout_json(tmp_path, capsys):
+    cfg = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 640,
+           "intermediate_size": 1280, "num_hidden_layers": 3, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    rc, out, _ = _run(capsys, ["bench", "capacity", "--model", str(tmp_path), "--kv-cache-memory", "1MiB",
+                               "--kv-cache-dtype", "bf16,int4", "--json"])
+    rows = json.loads(out)
+    assert rc == 0 and rows[0]["bytes_per_token"] == 3 * 2 * 2 * 80 * 2  # head_dim 80
+    # int4 at head_dim 80: groups of 16 -> 40 code bytes + 5 groups * (scale + zero) 4 bytes
+    assert rows[1]["bytes_per_token"] == 3 * 2 * 2 * (40 + 5 * 4)
+    assert rows[1]["tokens"] == 2**20 // (rows[1]["bytes_per_token"] * 16) * 16
+
+
+def test_capacity_bad_input(capsys):
+    rc, _, err = _run(capsys, ["bench", "capacity", "--kv-cache-dtype", "int9"])
+    assert rc == 2 and "int9" in err
+    with pytest.raises(SystemExit):
+        main(["bench", "capacity", "--kv-cache-memory", "lots"])
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def test_len_range_and_formats():
+    assert parse_len_range("128") == LenRange(128, 128)
+    assert parse_len_range("2048:8192") == LenRange(2048, 8192)
+    for bad in ("0", "9:3", "a:b", "1:2:3"):
+        with pytest.raises(Exception):
+            parse_len_range(bad)
+    assert parse_format_list("bf16, int8,int4/fp8") == ["bfloat16", "int8", "int4/fp8_e4m3"]
+    w = random_prompts(50, LenRange(5, 9), LenRange(2, 3), 512, seed=1)
+    assert w == random_prompts(50, LenRange(5, 9), LenRange(2, 3), 512, seed=1)
+    assert {len(ids) for ids, _ in w} <= set(range(5, 10)) and {o for _, o in w} == {2, 3}
+    table = format_table([{"a": 1, "b": 2.5}], [("a", "A", "d"), ("b", "B", ".1f")])
+    assert table.splitlines()[2] == "| 1 | 2.5 |"
+
+
+# ---- throughput and latency on a tiny preset ------------------------------------------------------
+
+def test_throughput_tiny_with_preemption(tmp_path, capsys):
+    path = tmp_path / "tp.json"
+    argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+            "--num-prompts", "6", "--input-len", "30:32", "--output-len", "4:6", "--num-blocks", "8",
+            "--kv-cache-dtype", "bfloat16,int8", "--warmup-requests", "1", "--seed", "3",
+            "--output-json", str(path)]
+    rc, out, _ = _run(capsys, argv)
+    assert rc == 0
+    assert "output tok/s" in out and "| bfloat16 |" in out and "|     int8 |" in out
+    payload = json.loads(path.read_text())
+    assert payload["bench"] == "throughput" and payload["env"]["torch"] == torch.__version__
+    workload = random_prompts(6, LenRange(30, 32), LenRange(4, 6), 512, seed=3)
+    n_in, n_out = sum(len(i) for i, _ in workload), sum(o for _, o in workload)
+    for r in payload["results"]:
+        assert r["num_requests"] == 6 and r["input_tokens"] == n_in and r["output_tokens"] == n_out
+        assert r["output_tok_s"] * r["elapsed_s"] == pytest.approx(n_out)
+        assert r["total_tok_s"] * r["elapsed_s"] == pytest.approx(n_in + n_out)
+        assert r["all_blocks_free"] is True and r["kv_cache_tokens"] == 8 * 16
+        assert r["preemptions"] > 0  # 4 of 6 prompts fill 8 blocks; decoding past 32 tokens evicts one
+        assert 0 < r["peak_kv_usage"] <= 1 and r["mean_ttft_ms"] > 0 and r["mean_tpot_ms"] > 0
+    assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0
+
+
+def test_latency_tiny(tmp_path, capsys):
+    path = tmp_path / "lat.json"
+    rc, out, _ = _run(capsys, ["bench", "latency", "--model", "tiny-llama", "--dtype", "float32",
+                               "--device", "cpu", "--context", "40", "--batch-size", "2", "--output-len", "5",
+                               "--num-iters", "2", "--kv-cache-dtype", "bfloat16", "--output-json", str(path)])
+    assert rc == 0 and "ms/token" in out
+    r = json.loads(path.read_text())["results"][0]
+    assert r["timed_steps"] == 4  # 5 outputs: 1 from the (cached) prefill step + 4 decode steps
+    assert r["median_ms"] > 0 and r["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # layers, kv heads, K+V, head_dim, bf16
+    assert r["all_blocks_free"] is True
