@@ -83,6 +83,10 @@ class ModelConfig:
             raise ConfigError(
                 f"unsupported architecture {arch!r}; kvpack supports " + ", ".join(SUPPORTED_ARCHITECTURES)
             )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"unsupported hidden_act {cfg['hidden_act']!r}; kvpack supports 'silu'")
+        if cfg.get("mlp_bias"):
+            raise ConfigError("mlp_bias=true is not supported")
         try:
             num_heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -124,6 +128,9 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if kind != "llama3":
         raise ConfigError(f"unsupported rope_scaling type {kind!r}; kvpack supports 'llama3'")
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        if key not in rs:
+            raise ConfigError(f"rope_scaling of type 'llama3' is missing {key!r}")
     return {k: v for k, v in rs.items() if k != "rope_theta"}
 
 

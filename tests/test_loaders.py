@@ -58,7 +58,7 @@ def test_dtype_auto_is_float32_on_cpu(tmp_path):
 
 def test_config_overrides(tmp_path):
     loaded = load_model("dummy:tiny-llama", config_overrides={"max_position_embeddings": 4096})
-    assert loaded.model.rotary.cos_sin.shape[0] == 4096
+    assert loaded.model.rotary.table.shape[0] == 4096
     with pytest.raises(ConfigError, match="override 'bogus'"):
         load_model("dummy:tiny-llama", config_overrides={"bogus": 1})
 
@@ -135,6 +135,13 @@ def test_preset_shapes_match_published_parameter_counts(name, params):
     assert sum(p.numel() for p in model.parameters()) == params
 
 
+@pytest.mark.parametrize("name", [n for n in PRESETS if n.startswith("tiny-")])
+def test_tiny_presets_run(name):
+    loaded = load_model(name)
+    out = _logits(loaded, list(range(3, 20)))
+    assert out.shape == (17, loaded.model_config.vocab_size) and torch.isfinite(out).all()
+
+
 def test_llama31_preset_rope_is_llama3():
     assert PRESETS["llama-3.1-8b"].rope_scaling["rope_type"] == "llama3"
 
@@ -166,6 +173,24 @@ def test_error_unsupported_architecture(tmp_path):
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
     with pytest.raises(ConfigError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_scaling type 'yarn'"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "missing 'low_freq_factor'"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"num_key_value_heads": 3}, "not a multiple of num_kv_heads"),
+])
+def test_error_bad_config_values(tmp_path, change, message):
+    path, _ = save_tiny_hf(tmp_path, "llama")
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg.update(change)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ConfigError, match=message):
         load_model(path)
 
 

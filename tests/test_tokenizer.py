@@ -164,3 +164,17 @@ def test_template_raise_exception_and_missing_template():
     tok2.chat_template = None
     with pytest.raises(KVPackError, match="no chat template"):
         tok2.apply_chat_template([])
+
+
+def test_chat_template_tokenize_adds_no_second_bos(tmp_path):
+    """With a post-processor that prepends BOS (Llama 3 style) and a template that writes BOS,
+    tokenize=True yields exactly one BOS, as transformers' apply_chat_template(tokenize=True)."""
+    from tokenizers import processors
+
+    tok = byte_tokenizer(300)
+    tok.backend.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 257)])
+    tok.chat_template = "<|im_start|>{{ messages[0]['content'] }}"
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
+    assert ids == [257, ord("h"), ord("i")]
+    assert tok.encode("<|im_start|>hi") == [257, 257, ord("h"), ord("i")]

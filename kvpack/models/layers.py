@@ -79,7 +79,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a cos/sin table computed once for positions [0, max_positions).
 
-    forward(positions [T] int64, q [T, Hq, D], k [T, Hkv, D]) -> (q, k) rotated, same dtypes.
+    cos_sin(positions [T] int64, dtype) -> (cos, sin), each [T, 1, D] in `dtype`, computed once per
+    forward and shared by every layer; `apply_rotary(x [T, H, D], cos, sin)` rotates q or k.
     The table is kept in float32 and cast per call (as transformers casts cos/sin to x's dtype).
     """
 
@@ -90,33 +91,32 @@ class RotaryEmbedding(nn.Module):
         self.max_positions = max_positions
         self.theta = theta
         self.scaling = scaling
-        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+        self.register_buffer("table", torch.empty(0), persistent=False)
         self.reset_cache()
 
     def reset_cache(self, device: torch.device | str | None = None) -> None:
         """(Re)compute the table [max_positions, 2, D // 2] float32, e.g. after `to_empty`."""
-        device = device if device is not None else self.cos_sin.device
+        device = device if device is not None else self.table.device
         if torch.device(device).type == "meta":
-            self.cos_sin = torch.empty(self.max_positions, 2, self.head_dim // 2, device="meta")
+            self.table = torch.empty(self.max_positions, 2, self.head_dim // 2, device="meta")
             return
         inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
         pos = torch.arange(self.max_positions, dtype=torch.float32, device=device)
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-        self.cos_sin = torch.stack([freqs.cos(), freqs.sin()], dim=1)
+        self.table = torch.stack([freqs.cos(), freqs.sin()], dim=1)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor,
-                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cs = self.cos_sin[positions]  # [T, 2, D/2]
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cs = self.table[positions].to(dtype)  # [T, 2, D/2]
         cos = torch.cat([cs[:, 0], cs[:, 0]], dim=-1)[:, None, :]  # [T, 1, D]
         sin = torch.cat([cs[:, 1], cs[:, 1]], dim=-1)[:, None, :]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return cos, sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}, theta={self.theta}"
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos, sin: [T, 1, D] in x's dtype -> x * cos + rotate_half(x) * sin."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin

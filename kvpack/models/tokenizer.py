@@ -56,9 +56,15 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+                            tokenize: bool = False, **kwargs: Any) -> str | list[int]:
         """Render `messages` ([{"role", "content"}, ...]) with the model's jinja2 template, with the
-        variables transformers passes (bos_token, eos_token, add_generation_prompt, extras)."""
+        variables transformers passes (bos_token, eos_token, add_generation_prompt, extras).
+        tokenize=True returns the ids, encoded without adding special tokens (the template writes
+        its own BOS; encoding the text with add_special_tokens=True could add a second one)."""
+        text = self._render(messages, add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, **kwargs: Any) -> str:
         if self.chat_template is None:
             raise KVPackError("this model's tokenizer has no chat template; send a plain prompt instead")
         if self._template is None:
