@@ -1,0 +1,176 @@
+"""CUDA graphs for decode: `CUDAGraphModelRunner` replays one captured forward pass per batch size.
+
+Prefill and mixed batches run eagerly. A pure-decode batch of B sequences (one token each) is
+padded to the next captured size `bs >= B` and replayed from static input buffers:
+
+    input_ids, positions: [N] int64          slot_mapping: [N] int64 (padding rows -1: write nothing)
+    query_start_loc: [N + 1] int32 = arange  seq_lens: [N] int32 (padding rows 0: attend to nothing)
+    block_tables: [N, ceil(max_model_len / block_size)] int32      hidden: [N, hidden_size] model dtype
+
+with N the largest captured size. Graphs are captured with `max_seq_len = max_model_len`, so the
+decode kernel's launch (its split-K grid) covers every context length the engine allows; kernels
+read the real lengths from `seq_lens` on the device. What this needs from the attention backend: no
+host syncs and no allocations whose size depends on tensor data (checked for kvpack.kernels: the
+cache write and decode launchers size everything from shapes and Python ints). The PyTorch
+reference backend is not capturable (it reads lengths on the host), so graphs are off with it.
+
+Sizes: 1, 2, 4, 8, then every 16 up to min(max_num_seqs, max_num_batched_tokens, 512).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvpack.attention.metadata import AttentionMetadata
+from kvpack.engine.model_runner import ModelRunner, register_model_runner
+
+logger = logging.getLogger("kvpack")
+MAX_CAPTURE_SIZE = 512
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, limit: int = MAX_CAPTURE_SIZE) -> list[int]:
+    """Batch sizes to capture, ascending: 1, 2, 4, 8, 16, 32, 48, ... up to the cap (always included)."""
+    cap = max(1, min(max_num_seqs, max_num_batched_tokens, limit))
+    sizes = {s for s in (1, 2, 4, 8) if s <= cap} | set(range(16, cap + 1, 16)) | {cap}
+    return sorted(sizes)
+
+
+def padded_size(batch: int, sizes: list[int]) -> int | None:
+    """The smallest captured size >= batch, or None when the batch is larger than every graph."""
+    for s in sizes:
+        if s >= batch:
+            return s
+    return None
+
+
+@dataclass
+class GraphBuffers:
+    """Static inputs and output shared by every captured graph (views [:bs] per graph)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    hidden: torch.Tensor
+
+    @classmethod
+    def allocate(cls, n: int, max_blocks: int, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device) -> "GraphBuffers":
+        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
+        return cls(
+            input_ids=torch.zeros(n, **i64), positions=torch.zeros(n, **i64),
+            slot_mapping=torch.full((n,), -1, **i64), query_start_loc=torch.arange(n + 1, **i32),
+            seq_lens=torch.zeros(n, **i32), block_tables=torch.zeros(n, max_blocks, **i32),
+            hidden=torch.zeros(n, hidden_size, dtype=dtype, device=device))
+
+    def metadata(self, bs: int, max_seq_len: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
+                                 seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
+                                 max_query_len=1, max_seq_len=max_seq_len)
+
+    def load(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, bs: int) -> None:
+        """Copy a B-sequence decode batch in (device to device) and neutralize rows B..bs."""
+        b = input_ids.shape[0]
+        self.input_ids[:b].copy_(input_ids)
+        self.positions[:b].copy_(positions)
+        self.slot_mapping[:b].copy_(md.slot_mapping)
+        self.seq_lens[:b].copy_(md.seq_lens)
+        self.block_tables[:b, : md.block_tables.shape[1]].copy_(md.block_tables)
+        if bs > b:
+            self.slot_mapping[b:bs].fill_(-1)
+            self.seq_lens[b:bs].zero_()
+
+
+class CUDAGraphModelRunner(ModelRunner):
+    """`ModelRunner` whose pure-decode forward passes replay CUDA graphs (see the module doc).
+
+    Extra keyword: max_model_len (graphs cover contexts up to it; default: the model's
+    max_position_embeddings)."""
+
+    def __init__(self, *args, max_model_len: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = getattr(self.model, "config", None)
+        self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 4096))
+        self.sizes: list[int] = []
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.buffers: GraphBuffers | None = None
+        self.num_replays = 0
+
+    @property
+    def graphs_enabled(self) -> bool:
+        return bool(self.graphs)
+
+    def _capturable(self) -> str | None:
+        """Why graphs cannot be used here, or None."""
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            return "not on a CUDA device"
+        from kvpack.attention.backend import get_attention_backend
+
+        name = get_attention_backend(self.device).name
+        if name != "triton":
+            return f"the {name!r} attention backend is not capturable"
+        return None
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        why = self._capturable()
+        if why is not None:
+            logger.info("CUDA graphs off: %s", why)
+            return
+        t0 = time.perf_counter()
+        self.sizes = capture_sizes(self.max_num_seqs, self.max_num_batched_tokens)
+        n = self.sizes[-1]
+        max_blocks = -(-self.max_model_len // self.block_size)
+        hidden_size = self.model.config.hidden_size
+        self.buffers = buf = GraphBuffers.allocate(n, max_blocks, hidden_size, self.model.dtype, self.device)
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        pool = None
+        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
+            md = buf.metadata(bs, self.max_model_len)
+            for _ in range(2):  # compile every kernel variant and fill caches outside the capture
+                buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)
+        used = free_before - torch.cuda.mem_get_info(self.device)[0]
+        logger.info("captured CUDA graphs for %d decode batch sizes (1..%d) up to %d tokens of context "
+                    "in %.1f s, %.2f GiB", len(self.sizes), n, self.max_model_len, time.perf_counter() - t0,
+                    used / 2**30)
+
+    def graph_size_for(self, input_ids: torch.Tensor, metadata: AttentionMetadata) -> int | None:
+        """The captured size this batch replays with, or None to run eagerly."""
+        if not self.graphs or not metadata.is_pure_decode:
+            return None
+        b = metadata.num_seqs
+        if input_ids.shape[0] != b or metadata.max_seq_len > self.max_model_len:
+            return None
+        if self.buffers is None or metadata.block_tables.shape[1] > self.buffers.block_tables.shape[1]:
+            return None
+        return padded_size(b, self.sizes)
+
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                  metadata: AttentionMetadata) -> torch.Tensor:
+        bs = self.graph_size_for(input_ids, metadata)
+        if bs is None:
+            return super().run_model(input_ids, positions, metadata)
+        self.buffers.load(input_ids, positions, metadata, bs)
+        self.graphs[bs].replay()
+        self.num_replays += 1
+        return self.buffers.hidden[: input_ids.shape[0]]
+
+
+def _applies(device: torch.device, enforce_eager: bool) -> bool:
+    return device.type == "cuda" and not enforce_eager
+
+
+register_model_runner(_applies, CUDAGraphModelRunner)
