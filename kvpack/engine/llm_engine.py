@@ -40,8 +40,8 @@ class RequestError(KVPackError, ValueError):
 
 
 def init_logging() -> None:
-    """INFO messages of the `kvpack` logger go to stderr unless the application configured it."""
-    if not logger.handlers:
+    """INFO messages of the `kvpack` logger go to stderr unless the application configured logging."""
+    if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s kvpack: %(message)s"))
         logger.addHandler(handler)
@@ -119,6 +119,7 @@ class LLMEngine:
         k_cache_dtype: str | None = None,
         v_cache_dtype: str | None = None,
         kv_scales: str | None = None,
+        kv_scales_path: str | None = None,
         kv_rotation: bool = True,
         int4_group_size: int = 32,
         block_size: int = 16,
@@ -133,22 +134,27 @@ class LLMEngine:
         seed: int = 0,
         enforce_eager: bool = False,
         log_stats: bool = True,
+        loaded: Any = None,
     ) -> "LLMEngine":
+        """Build an engine; `loaded` (a `LoadedModel` on `device`) skips loading `model`."""
         from kvpack.engine.memory import plan_kv_cache
         from kvpack.models import load_model
 
         init_logging()
+        if device is None and loaded is not None:
+            device = str(next(loaded.model.parameters()).device)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         cache_config = CacheConfig(
             block_size=block_size, kv_cache_dtype=kv_cache_dtype, k_cache_dtype=k_cache_dtype,
-            v_cache_dtype=v_cache_dtype, kv_scales_path=kv_scales, kv_rotation=kv_rotation,
+            v_cache_dtype=v_cache_dtype, kv_scales_path=kv_scales or kv_scales_path, kv_rotation=kv_rotation,
             int4_group_size=int4_group_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
         )
         if max_model_len is not None and max_model_len <= 0:
             raise ConfigError(f"--max-model-len must be positive, got {max_model_len}")
         t0 = time.perf_counter()
-        loaded = load_model(model, dtype, device, seed=seed)
+        if loaded is None:
+            loaded = load_model(model, dtype, device, seed=seed)
         mc = loaded.model_config
         if log_stats:
             logger.info("loaded %s (%s, %s) in %.1f s", mc.name or model, str(loaded.model.dtype).removeprefix("torch."),
@@ -183,16 +189,29 @@ class LLMEngine:
             engine.log_cache_info(plan.source)
         return engine
 
-    def log_cache_info(self, source: str = "") -> None:
+    def kv_cache_info(self) -> dict[str, Any]:
+        """The KV format and pool size in use (for start-up logs, /metrics, benchmarks)."""
         bpt = self.kv_bytes_per_token
         n, bs = self.block_manager.num_blocks, self.block_manager.block_size
-        tokens = n * bs
-        fmt = (self.k_format.name if self.k_format.name == self.v_format.name
-               else f"K {self.k_format.name} / V {self.v_format.name}")
+        return {
+            "k_format": self.k_format.name, "v_format": self.v_format.name, "block_size": bs,
+            "num_blocks": n, "num_tokens": n * bs, "bytes_per_token": bpt,
+            "gib": bpt * n * bs / GiB, "max_model_len": self.max_model_len,
+            "max_concurrency": n * bs / self.max_model_len,
+        }
+
+    @property
+    def kv_format_name(self) -> str:
+        k, v = self.k_format.name, self.v_format.name
+        return k if k == v else f"K {k} / V {v}"
+
+    def log_cache_info(self, source: str = "") -> None:
+        info = self.kv_cache_info()
         logger.info("KV cache: %s, %d bytes/token, %d blocks x %d = %d tokens, %.3f GiB%s",
-                    fmt, bpt, n, bs, tokens, bpt * tokens / GiB, f" ({source})" if source else "")
+                    self.kv_format_name, info["bytes_per_token"], info["num_blocks"], info["block_size"],
+                    info["num_tokens"], info["gib"], f" ({source})" if source else "")
         logger.info("KV cache size: %d tokens; maximum concurrency for %d tokens per request: %.2fx",
-                    tokens, self.max_model_len, tokens / self.max_model_len)
+                    info["num_tokens"], self.max_model_len, info["max_concurrency"])
 
     @property
     def kv_bytes_per_token(self) -> int:
