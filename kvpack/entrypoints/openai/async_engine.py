@@ -28,6 +28,10 @@ logger = logging.getLogger("kvpack.serve")
 
 DISCONNECTED = object()  # queue sentinel: the client went away
 
+# id(engine) -> the AsyncEngine whose thread steps it: two threads must never step one engine.
+_OWNERS: dict[int, "AsyncEngine"] = {}
+_OWNERS_LOCK = threading.Lock()
+
 
 class QueueFullError(Exception):
     """More than --max-queue requests are waiting: answer 503 at once."""
@@ -74,6 +78,11 @@ class AsyncEngine:
 
     def start(self) -> None:
         if self._thread is None:
+            with _OWNERS_LOCK:
+                owner = _OWNERS.get(id(self.engine))
+                if owner is not None and owner is not self:
+                    raise RuntimeError("this engine is already driven by another AsyncEngine")
+                _OWNERS[id(self.engine)] = self
             self._refresh_snapshot()
             self._thread = threading.Thread(target=self._run, name="kvpack-engine", daemon=True)
             self._thread.start()
@@ -130,6 +139,9 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        with _OWNERS_LOCK:
+            if _OWNERS.get(id(self.engine)) is self:
+                del _OWNERS[id(self.engine)]
 
     def _mark_started(self, group: RequestGroup) -> None:
         if group.waiting:

@@ -89,7 +89,7 @@ class GracefulServer(uvicorn.Server):
 
 
 def log_startup(ctx: ServingContext, kv: dict[str, Any], host: str, port: int) -> None:
-    gib = kv.get("bytes", 0) / 2**30
+    gib = kv.get("gib", kv.get("bytes", 0) / 2**30)
     logger.info("model %s, max_model_len %d", ctx.model_name, ctx.max_model_len)
     logger.info("KV cache: K=%s V=%s, %d blocks x %d tokens = %d tokens, %.3f GiB",
                 kv.get("k_format"), kv.get("v_format"), int(kv.get("num_blocks", 0)),
