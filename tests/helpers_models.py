@@ -96,12 +96,15 @@ def _permute_like_llama_cpp(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_tiny_gguf(path: Path, hf_model, qtype: str = "F32", *, tokenizer: bool = True,
                     name: str = "tiny") -> str:
-    """Write a transformers Llama model as llama.cpp would: `llama` arch, Q/K rows permuted,
-    2-D weights in `qtype` (F32, F16, Q8_0, ...), norms in F32, a byte-level BPE vocabulary."""
+    """Write a transformers model as llama.cpp would: arch `llama` (Llama, Mistral; Q/K rows
+    permuted), `qwen2` or `qwen3` (not permuted); 2-D weights in `qtype` (F32, F16, Q8_0, ...),
+    norms and biases in F32; a byte-level BPE vocabulary."""
     import gguf
 
     cfg = hf_model.config
-    w = gguf.GGUFWriter(str(path), "llama")
+    arch = {"qwen2": "qwen2", "qwen3": "qwen3"}.get(cfg.model_type, "llama")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name(name)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -109,20 +112,22 @@ def write_tiny_gguf(path: Path, hf_model, qtype: str = "F32", *, tokenizer: bool
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     if tokenizer:
         _add_byte_vocab(w, cfg.vocab_size)
-    names = {v: k for k, v in _gguf_names(cfg.num_hidden_layers).items()}
+    names = _hf_to_gguf_names(cfg.num_hidden_layers)
     for hf_name, t in hf_model.state_dict().items():
         if hf_name not in names or (cfg.tie_word_embeddings and hf_name == "lm_head.weight"):
             continue
         a = t.float().numpy()
-        if ".q_proj." in hf_name:
+        if arch == "llama" and ".q_proj." in hf_name:
             a = _permute_like_llama_cpp(a, cfg.num_attention_heads)
-        elif ".k_proj." in hf_name:
+        elif arch == "llama" and ".k_proj." in hf_name:
             a = _permute_like_llama_cpp(a, cfg.num_key_value_heads)
         _add_tensor(w, names[hf_name], a, qtype if a.ndim == 2 else "F32")
     w.write_header_to_file()
@@ -144,18 +149,14 @@ def _add_tensor(w, name: str, a: np.ndarray, qtype: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(a.astype(np.float32), kind), raw_dtype=kind)
 
 
-def _gguf_names(layers: int) -> dict[str, str]:
-    from kvpack.models.weights import gguf_to_hf_name
+def _hf_to_gguf_names(layers: int) -> dict[str, str]:
+    """transformers name -> GGUF name, the inverse of kvpack's own mapping."""
+    from kvpack.models.weights import GGUF_GLOBAL_NAMES, GGUF_LAYER_NAMES, gguf_to_hf_name
 
-    out = {}
-    for n in ("token_embd.weight", "output_norm.weight", "output.weight"):
-        out[n] = gguf_to_hf_name(n)
-    for i in range(layers):
-        for key in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                    "ffn_gate", "ffn_up", "ffn_down"):
-            n = f"blk.{i}.{key}.weight"
-            out[n] = gguf_to_hf_name(n)
-    return out
+    gguf_names = [f"{g}.{kind}" for g in GGUF_GLOBAL_NAMES for kind in ("weight", "bias")]
+    gguf_names += [f"blk.{i}.{key}.{kind}" for i in range(layers) for key in GGUF_LAYER_NAMES
+                   for kind in ("weight", "bias")]
+    return {gguf_to_hf_name(n): n for n in gguf_names}
 
 
 def _add_byte_vocab(w, vocab_size: int) -> None:

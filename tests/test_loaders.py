@@ -99,6 +99,25 @@ def test_gguf_quantized_equals_transformers_gguf(tmp_path, tiny_llama, qtype):
     assert (_logits(load_model(path)) - hf_logits(ref_model, IDS)).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("variant", ["qwen2", "qwen3", "mistral"])
+def test_gguf_other_architectures_equal_original_and_transformers(tmp_path, variant):
+    """qwen2 (q/k/v bias) and qwen3 (q/k norm, tied) GGUFs keep llama.cpp's unpermuted rows;
+    Mistral is stored as `llama`. F32 equals the original model; Q8_0 equals transformers' load."""
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_hf_model(variant, seed=5)
+    f32 = write_tiny_gguf(tmp_path / "f32.gguf", hf, "F32")
+    loaded = load_model(f32)
+    cfg = loaded.model_config
+    assert cfg.attention_bias == (variant == "qwen2") and cfg.qk_norm == (variant == "qwen3")
+    assert (_logits(loaded) - hf_logits(hf, IDS)).abs().max().item() <= TOL
+    if variant == "qwen3":
+        return  # transformers ignores qwen3.attention.key_length (assumes head_dim 128): no oracle
+    q8 = write_tiny_gguf(tmp_path / "q8.gguf", hf, "Q8_0")
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q8.gguf", dtype=torch.float32)
+    assert (_logits(load_model(q8)) - hf_logits(ref, IDS)).abs().max().item() <= TOL
+
+
 def test_gguf_tied_and_tokenizer(tmp_path):
     hf = tiny_hf_model("llama-tied", seed=4)
     path = write_tiny_gguf(tmp_path / "tied.gguf", hf, "Q8_0")
