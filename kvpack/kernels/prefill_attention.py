@@ -9,11 +9,13 @@ their tile: first the tiles every row sees in full (no masks), then the diagonal
 Numerics: the head dim is handled as two halves (channels [0, D/2) and [D/2, D)), which is the
 int4 nibble order and costs nothing for the other formats. Dot operands are in q's dtype (fp16 or
 bf16; fp32 q uses fp32 operands with input_precision="ieee") with fp32 accumulation; the online
-softmax runs in fp32 with exp2. K: codes are converted exactly to the operand dtype (int8 codes,
-fp8 values) and the per-token scale is applied to the fp32 score columns; int4 K is dequantized
-in registers (code * scale + zero per group). V: dequantized in registers (value * scale), which
-keeps fp16 operands out of the subnormal range that folding scales into p would hit. Static
-per-head scales are applied once: into the softmax scale (K) and to the output (V).
+softmax runs in fp32 with exp2. Per-token scales (int8, fp8) and int4 scale/zero groups are
+applied in registers in fp32 on the K/V tile (value * scale [+ zero]) before rounding to the
+operand dtype: the scale vector then shares the tile's row layout (folding it into the score
+columns or into p needs it replicated in the MMA layout, which spilled registers on sm_90), and
+fp16 operands stay in the activations' range (p * scale would go subnormal). Static per-head
+scales and the fp8 decode factor are constants: applied to the softmax scale (K) and to the
+output (V). fp8 codes decode exactly to fp16 with integer ops (`kvpack.kernels.quant`).
 
 Rotation (int4) happens around the kernel, as in the decode kernel: q @ R goes in when K rotates,
 and the output is multiplied by R when V rotates (torch matmuls; R @ R = I).
@@ -50,15 +52,14 @@ def _ld(ptrs, mask, other, HAS_MASK: tl.constexpr):
 # ---- one K or V tile -------------------------------------------------------------------------
 @triton.jit
 def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
-                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, FOLD: tl.constexpr,
-                  GS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, GS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DT: tl.constexpr):
     """Load BLOCK_N tokens of one kv head as two half-dim tiles [BLOCK_N, HALF_PAD] in DT.
 
     code_off / scale_off: [BLOCK_N] int64 element offsets of each token's codes / scale groups.
-    Returns (lo, hi, col): the tile's values are (lo | hi) * col. col is a [BLOCK_N] float32
-    per-token scale (times the fp8 factor) when FOLD and the format stores per-token scales,
-    else a scalar constant (1.0, or the fp8 factor); without FOLD per-token scales are applied.
+    Per-token scales (and int4 zeros) are applied in registers, in float32. Returns (lo, hi, c):
+    the tile's values are (lo | hi) * c, c a constant (1.0, or the fp8 factor when the format has
+    no per-token scale to carry it).
     """
     d = tl.arange(0, HALF_PAD)
     HAS_MASK: tl.constexpr = MASK_N or (HALF != HALF_PAD)
@@ -101,10 +102,9 @@ def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
             col = fp8_f16_factor(FMT)
         if TOKEN_SCALE:
             col = col * _ld(scales_ptr + scale_off, n_mask, 1.0, MASK_N).to(tl.float32)
-            if not FOLD:  # per-token V scales: dequantize in registers
-                lo = lo.to(tl.float32) * col[:, None]
-                hi = hi.to(tl.float32) * col[:, None]
-                col = 1.0
+            lo = lo.to(tl.float32) * col[:, None]
+            hi = hi.to(tl.float32) * col[:, None]
+            col = 1.0
     return lo.to(DT), hi.to(DT), col
 
 
@@ -137,14 +137,11 @@ def _attend(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh
     k_lo, k_hi, k_col = _load_kv_tile(
         kc_ptr, ks_ptr, kz_ptr, blk * s_kcb + kvh * s_kch + off * s_kct,
         blk * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
-        K_FMT, K_TOKEN, True, K_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
+        K_FMT, K_TOKEN, K_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
     s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     s = _dot(q_lo, tl.trans(k_lo), s, F32)
     s = _dot(q_hi, tl.trans(k_hi), s, F32)
-    if K_TOKEN and K_FMT != K_FMT_INT4:
-        s = s * (k_col * qk_scale)[None, :]
-    else:
-        s = s * (k_col * qk_scale)
+    s = s * (k_col * qk_scale)
     if MASKED:
         s = tl.where((pos_n[None, :] <= pos_m[:, None]) & n_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -154,8 +151,8 @@ def _attend(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh
     v_lo, v_hi, v_col = _load_kv_tile(
         vc_ptr, vs_ptr, vz_ptr, blk * s_vcb + kvh * s_vch + off * s_vct,
         blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
-        V_FMT, V_TOKEN, False, V_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
-    p = p.to(DT)  # v_col is a constant (1 or the fp8 factor): applied once to the output
+        V_FMT, V_TOKEN, V_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
+    p = p.to(DT)  # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
     acc_lo = _dot(p, v_lo, acc_lo * alpha[:, None], F32)
     acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None], F32)
     return acc_lo, acc_hi, m_new, l_i
