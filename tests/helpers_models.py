@@ -120,6 +120,8 @@ def write_tiny_gguf(path: Path, hf_model, qtype: str = "F32", *, tokenizer: bool
     w.add_vocab_size(cfg.vocab_size)
     if tokenizer:
         _add_byte_vocab(w, cfg.vocab_size)
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", _llama3_freq_factors(cfg.rope_parameters, head_dim))
     names = _hf_to_gguf_names(cfg.num_hidden_layers)
     for hf_name, t in hf_model.state_dict().items():
         if hf_name not in names or (cfg.tie_word_embeddings and hf_name == "lm_head.weight"):
@@ -135,6 +137,26 @@ def write_tiny_gguf(path: Path, hf_model, qtype: str = "F32", *, tokenizer: bool
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def _llama3_freq_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """Llama 3.1 scaling as llama.cpp's converter stores it: one divisor per frequency."""
+    import math
+
+    base = rope["rope_theta"]
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * base ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def _add_tensor(w, name: str, a: np.ndarray, qtype: str) -> None:

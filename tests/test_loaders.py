@@ -118,6 +118,15 @@ def test_gguf_other_architectures_equal_original_and_transformers(tmp_path, vari
     assert (_logits(load_model(q8)) - hf_logits(ref, IDS)).abs().max().item() <= TOL
 
 
+def test_gguf_llama3_rope_freqs_equal_original(tmp_path):
+    """Llama 3.1 GGUFs carry the rope scaling as a `rope_freqs` tensor of divisors."""
+    hf = tiny_hf_model("llama3", seed=6)
+    loaded = load_model(write_tiny_gguf(tmp_path / "l3.gguf", hf, "F32"))
+    assert loaded.model_config.rope_scaling["rope_type"] == "freq_factors"
+    ids = list(range(5, 105))  # past original_max_position_embeddings (32)
+    assert (_logits(loaded, ids) - hf_logits(hf, ids)).abs().max().item() <= TOL
+
+
 def test_gguf_tied_and_tokenizer(tmp_path):
     hf = tiny_hf_model("llama-tied", seed=4)
     path = write_tiny_gguf(tmp_path / "tied.gguf", hf, "Q8_0")
