@@ -99,8 +99,10 @@ class LLMEngine:
         runner_cls = get_model_runner_cls(self.device, config.enforce_eager)
         self.model_runner: ModelRunner = runner_cls(
             loaded.model, self.kv_cache, self.device, Sampler(gen), self.eos_token_ids,
-            max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens)
+            max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_model_len=sc.max_model_len)
         self.model_runner.warmup()
+        self.kv_plan = None  # the memory planner's KVCachePlan, when built by from_args
         self.requests: dict[str, _Request] = {}
         self._seq_to_request: dict[int, _Request] = {}
         self._arrival = itertools.count()
@@ -128,7 +130,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         num_blocks: int | None = None,
-        kv_cache_memory: int | None = None,
+        kv_cache_memory: int | str | None = None,
         gpu_memory_utilization: float = 0.9,
         device: str | None = None,
         seed: int = 0,
@@ -137,10 +139,12 @@ class LLMEngine:
         loaded: Any = None,
     ) -> "LLMEngine":
         """Build an engine; `loaded` (a `LoadedModel` on `device`) skips loading `model`."""
-        from kvpack.engine.memory import plan_kv_cache
+        from kvpack.engine.memory_planner import parse_bytes, plan_kv_cache
         from kvpack.models import load_model
 
         init_logging()
+        if isinstance(kv_cache_memory, str):
+            kv_cache_memory = parse_bytes(kv_cache_memory)
         if device is None and loaded is not None:
             device = str(next(loaded.model.parameters()).device)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -185,8 +189,10 @@ class LLMEngine:
                               scheduler_config=scheduler_config, dtype=dtype, device=device, seed=seed,
                               enforce_eager=enforce_eager)
         engine = cls(config, loaded, plan.num_blocks)
+        engine.kv_plan = plan
         if log_stats:
-            engine.log_cache_info(plan.source)
+            for line in plan.log_lines(max_model_len):
+                logger.info("%s", line)
         return engine
 
     def kv_cache_info(self) -> dict[str, Any]:
@@ -204,14 +210,6 @@ class LLMEngine:
     def kv_format_name(self) -> str:
         k, v = self.k_format.name, self.v_format.name
         return k if k == v else f"K {k} / V {v}"
-
-    def log_cache_info(self, source: str = "") -> None:
-        info = self.kv_cache_info()
-        logger.info("KV cache: %s, %d bytes/token, %d blocks x %d = %d tokens, %.3f GiB%s",
-                    self.kv_format_name, info["bytes_per_token"], info["num_blocks"], info["block_size"],
-                    info["num_tokens"], info["gib"], f" ({source})" if source else "")
-        logger.info("KV cache size: %d tokens; maximum concurrency for %d tokens per request: %.2fx",
-                    info["num_tokens"], self.max_model_len, info["max_concurrency"])
 
     @property
     def kv_bytes_per_token(self) -> int:

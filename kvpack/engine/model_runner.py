@@ -56,6 +56,7 @@ class ModelRunner:
         eos_token_ids: tuple[int, ...] = (),
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -65,6 +66,8 @@ class ModelRunner:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        cfg = getattr(model, "config", None)
+        self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 4096))
 
     def warmup(self) -> None:
         """Hook for subclasses (e.g. CUDA graph capture); nothing to do eagerly."""

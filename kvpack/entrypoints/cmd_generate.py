@@ -43,6 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     c.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block: 8, 16, 32, 64, 128 (default 16)")
     c.add_argument("--num-blocks", type=int, default=None,
                    help="fixed number of KV blocks (default: from the memory budget)")
+    c.add_argument("--kv-cache-memory", default=None, metavar="BYTES",
+                   help="memory for the KV pools, e.g. 8GiB or 512MiB (default: from "
+                        "--gpu-memory-utilization on GPU, at most 2 GiB on CPU)")
+    c.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory kvpack may use in all (default 0.9)")
     c.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="do not reuse the KV blocks of shared prompt prefixes")
     s = p.add_argument_group("scheduler")
@@ -50,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="longest prompt + output in tokens (default: the model's, at most 4096 on CPU)")
     s.add_argument("--max-num-seqs", type=int, default=None,
                    help="sequences per batch (default 64 on CPU, 256 on GPU)")
+    s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     s.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step; longer prompts are prefilled in chunks (default 2048 on "
                         "CPU, 8192 on GPU)")
@@ -85,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
               kv_scales=args.kv_scales, kv_rotation=args.kv_rotation, block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-              num_blocks=args.num_blocks, device=args.device, seed=args.seed)
+              num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
+              gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+              device=args.device, seed=args.seed)
     t0 = time.perf_counter()
     if args.chat:
         head = [{"role": "system", "content": args.system}] if args.system else []

@@ -39,7 +39,7 @@ class LLM:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         num_blocks: int | None = None,
-        kv_cache_memory: int | None = None,
+        kv_cache_memory: int | str | None = None,
         gpu_memory_utilization: float = 0.9,
         device: str | None = None,
         seed: int = 0,
