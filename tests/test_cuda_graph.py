@@ -14,7 +14,9 @@ import torch
 from kvpack.attention.kv_cache import allocate_kv_cache
 from kvpack.attention.metadata import AttentionMetadata
 from kvpack.config import CacheConfig
-from kvpack.engine.cuda_graph import CUDAGraphModelRunner, GraphBuffers, capture_sizes, padded_size
+from kvpack.engine.cuda_graph import (
+    CUDAGraphModelRunner, GraphBuffers, capture_sizes, context_buckets, padded_size,
+)
 from kvpack.engine.model_runner import get_model_runner_cls
 from kvpack.engine.sampler import Sampler
 from kvpack.models import load_model
@@ -36,6 +38,13 @@ def test_capture_sizes(seqs, tokens, expected):
 def test_padded_size():
     sizes = [1, 2, 4, 8, 16, 32]
     assert [padded_size(b, sizes) for b in (1, 2, 3, 5, 8, 9, 17, 32, 33)] == [1, 2, 4, 8, 8, 16, 32, 32, None]
+
+
+def test_context_buckets():
+    assert context_buckets(8704, True) == [1024, 2048, 4096, 8192, 8704]
+    assert context_buckets(32768, True) == [1024, 2048, 4096, 8192, 16384, 32768]
+    assert context_buckets(500, True) == [500]
+    assert context_buckets(131072, False) == [131072]
 
 
 def test_buffers_padding_rows():
@@ -82,6 +91,7 @@ def _prefill(model, kv, lens, tables, block_size, gen):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
+@torch.inference_mode()
 def test_graph_replay_equals_eager(fmt):
     torch.manual_seed(0)
     loaded = load_model("tiny-llama", dtype="bfloat16", device="cuda", seed=1)
@@ -97,6 +107,7 @@ def test_graph_replay_equals_eager(fmt):
                                   max_num_batched_tokens=256, max_model_len=2048)  # split-K grid for 2048
     runner.warmup()
     assert runner.sizes == [1, 2, 4, 8] and runner.graphs_enabled
+    assert set(runner.graphs) == {(b, c) for b in (1, 2, 4, 8) for c in (1024, 2048)}  # 2 kv heads: all split
     gen = torch.Generator().manual_seed(0)
     lens = [5, 17, 33, 64, 1, 100, 48]
     tables, nxt = [], 1
@@ -124,4 +135,6 @@ def test_graph_replay_equals_eager(fmt):
             assert set(changed) <= own  # padding rows wrote nothing
     # a prefill-shaped batch runs eagerly
     md = AttentionMetadata.build([2], [lens[0] + 2], [tables[0]], bs_, "cuda")
-    assert runner.graph_size_for(torch.zeros(2, dtype=torch.long), md) is None
+    assert runner.graph_key(torch.zeros(2, dtype=torch.long), md) is None
+    md = AttentionMetadata.build([1], [1500], [list(range(94))], bs_, "cuda")
+    assert runner.graph_key(torch.zeros(1, dtype=torch.long), md) == (1, 2048)

@@ -7,9 +7,11 @@ padded to the next captured size `bs >= B` and replayed from static input buffer
     query_start_loc: [N + 1] int32 = arange  seq_lens: [N] int32 (padding rows 0: attend to nothing)
     block_tables: [N, ceil(max_model_len / block_size)] int32      hidden: [N, hidden_size] model dtype
 
-with N the largest captured size. Graphs are captured with `max_seq_len = max_model_len`, so the
-decode kernel's launch (its split-K grid) covers every context length the engine allows; kernels
-read the real lengths from `seq_lens` on the device. What this needs from the attention backend: no
+with N the largest captured size. The decode kernel's launch (its split-K grid) is sized from the
+batch's `max_seq_len`, so each graph is captured for a context bucket and covers every length up to
+it (kernels read the real lengths from `seq_lens` on the device): batches too small to fill the GPU
+without splitting (bs * num_kv_heads < SMs) get one graph per power-of-two bucket from 1024 up to
+max_model_len, larger batches (one split) a single graph at max_model_len. What this needs from the attention backend: no
 host syncs and no allocations whose size depends on tensor data (checked for kvpack.kernels: the
 cache write and decode launchers size everything from shapes and Python ints). The PyTorch
 reference backend is not capturable (it reads lengths on the host), so graphs are off with it.
@@ -30,6 +32,7 @@ from kvpack.engine.model_runner import ModelRunner, register_model_runner
 
 logger = logging.getLogger("kvpack")
 MAX_CAPTURE_SIZE = 512
+MIN_CONTEXT_BUCKET = 1024
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, limit: int = MAX_CAPTURE_SIZE) -> list[int]:
@@ -45,6 +48,17 @@ def padded_size(batch: int, sizes: list[int]) -> int | None:
         if s >= batch:
             return s
     return None
+
+
+def context_buckets(max_model_len: int, split: bool, lowest: int = MIN_CONTEXT_BUCKET) -> list[int]:
+    """Context lengths graphs are captured for, ascending: powers of two from `lowest` below
+    max_model_len, then max_model_len; only [max_model_len] when the batch needs no split-K."""
+    out = []
+    c = lowest
+    while split and c < max_model_len:
+        out.append(c)
+        c *= 2
+    return out + [max_model_len]
 
 
 @dataclass
@@ -98,7 +112,8 @@ class CUDAGraphModelRunner(ModelRunner):
         cfg = getattr(self.model, "config", None)
         self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 4096))
         self.sizes: list[int] = []
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.buckets: dict[int, list[int]] = {}  # batch size -> context buckets
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.buffers: GraphBuffers | None = None
         self.num_replays = 0
 
@@ -128,27 +143,35 @@ class CUDAGraphModelRunner(ModelRunner):
         n = self.sizes[-1]
         max_blocks = -(-self.max_model_len // self.block_size)
         hidden_size = self.model.config.hidden_size
-        self.buffers = buf = GraphBuffers.allocate(n, max_blocks, hidden_size, self.model.dtype, self.device)
+        self.buffers = GraphBuffers.allocate(n, max_blocks, hidden_size, self.model.dtype, self.device)
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        kv_heads = self.kv_cache.layers[0].k.num_kv_heads
+        self.buckets = {bs: context_buckets(self.max_model_len, bs * kv_heads < sms) for bs in self.sizes}
         free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = None
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
-            md = buf.metadata(bs, self.max_model_len)
-            for _ in range(2):  # compile every kernel variant and fill caches outside the capture
-                buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
-            pool = graph.pool() if pool is None else pool
-            self.graphs[bs] = graph
+            for ctx in reversed(self.buckets[bs]):
+                pool = self._capture(bs, ctx, pool)
         torch.cuda.synchronize(self.device)
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
-        logger.info("captured CUDA graphs for %d decode batch sizes (1..%d) up to %d tokens of context "
-                    "in %.1f s, %.2f GiB", len(self.sizes), n, self.max_model_len, time.perf_counter() - t0,
+        logger.info("captured %d CUDA graphs for decode batches of 1..%d up to %d tokens of context "
+                    "in %.1f s, %.2f GiB", len(self.graphs), n, self.max_model_len, time.perf_counter() - t0,
                     used / 2**30)
 
-    def graph_size_for(self, input_ids: torch.Tensor, metadata: AttentionMetadata) -> int | None:
-        """The captured size this batch replays with, or None to run eagerly."""
+    def _capture(self, bs: int, ctx: int, pool):
+        buf = self.buffers
+        md = buf.metadata(bs, ctx)
+        for _ in range(2):  # compile every kernel variant and fill caches outside the capture
+            buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+        self.graphs[(bs, ctx)] = graph
+        return graph.pool() if pool is None else pool
+
+    def graph_key(self, input_ids: torch.Tensor, metadata: AttentionMetadata) -> tuple[int, int] | None:
+        """(padded batch size, context bucket) of the graph this batch replays, or None: run eagerly."""
         if not self.graphs or not metadata.is_pure_decode:
             return None
         b = metadata.num_seqs
@@ -156,15 +179,20 @@ class CUDAGraphModelRunner(ModelRunner):
             return None
         if self.buffers is None or metadata.block_tables.shape[1] > self.buffers.block_tables.shape[1]:
             return None
-        return padded_size(b, self.sizes)
+        bs = padded_size(b, self.sizes)
+        if bs is None:
+            return None
+        ctx = next(c for c in self.buckets[bs] if c >= metadata.max_seq_len)
+        return bs, ctx
 
+    @torch.inference_mode()
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor,
                   metadata: AttentionMetadata) -> torch.Tensor:
-        bs = self.graph_size_for(input_ids, metadata)
-        if bs is None:
+        key = self.graph_key(input_ids, metadata)
+        if key is None:
             return super().run_model(input_ids, positions, metadata)
-        self.buffers.load(input_ids, positions, metadata, bs)
-        self.graphs[bs].replay()
+        self.buffers.load(input_ids, positions, metadata, key[0])
+        self.graphs[key].replay()
         self.num_replays += 1
         return self.buffers.hidden[: input_ids.shape[0]]
 
