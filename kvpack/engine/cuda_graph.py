@@ -108,7 +108,7 @@ class CUDAGraphModelRunner(ModelRunner):
     max_position_embeddings)."""
 
     def __init__(self, *args, max_model_len: int | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, max_model_len=max_model_len, **kwargs)
         cfg = getattr(self.model, "config", None)
         self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 4096))
         self.sizes: list[int] = []

@@ -118,10 +118,27 @@ def engine_kwargs(args: argparse.Namespace, item: str, **overrides: Any) -> dict
     return kw
 
 
+_LOADED: dict[tuple, Any] = {}
+
+
+def load_once(args: argparse.Namespace) -> Any:
+    """The model of `args`, loaded once per process and shared by every format's engine."""
+    from kvpack.models import load_model
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    key = (args.model, args.dtype, device, args.seed)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = load_model(args.model, args.dtype, device, seed=args.seed)
+    return _LOADED[key]
+
+
 def build_engine(args: argparse.Namespace, item: str, **overrides: Any):
+    import kvpack.engine.cuda_graph  # noqa: F401  (registers the CUDA-graph decode runner)
     from kvpack.engine.llm_engine import LLMEngine
 
-    return LLMEngine.from_args(args.model, **engine_kwargs(args, item, **overrides))
+    kw = engine_kwargs(args, item, **overrides)
+    return LLMEngine.from_args(args.model, loaded=load_once(args), **kw)
 
 
 def release(engine: Any) -> None:
