@@ -150,7 +150,8 @@ class LLMEngine:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         cache_config = CacheConfig(
             block_size=block_size, kv_cache_dtype=kv_cache_dtype, k_cache_dtype=k_cache_dtype,
-            v_cache_dtype=v_cache_dtype, kv_scales_path=kv_scales or kv_scales_path, kv_rotation=kv_rotation,
+            v_cache_dtype=v_cache_dtype, kv_scales_path=kv_scales or kv_scales_path,
+            kv_rotation=kv_rotation,
             int4_group_size=int4_group_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
         )
@@ -161,16 +162,16 @@ class LLMEngine:
             loaded = load_model(model, dtype, device, seed=seed)
         mc = loaded.model_config
         if log_stats:
-            logger.info("loaded %s (%s, %s) in %.1f s", mc.name or model, str(loaded.model.dtype).removeprefix("torch."),
-                        device, time.perf_counter() - t0)
+            logger.info("loaded %s (%s, %s) in %.1f s", mc.name or model,
+                        str(loaded.model.dtype).removeprefix("torch."), device, time.perf_counter() - t0)
         if max_model_len is not None and max_model_len > mc.max_position_embeddings:
             raise ConfigError(f"--max-model-len {max_model_len} exceeds the model's maximum of "
                               f"{mc.max_position_embeddings} positions")
         is_cpu = torch.device(device).type == "cpu"
         max_num_seqs = max_num_seqs or (64 if is_cpu else 256)
         user_len = max_model_len
-        max_model_len = max_model_len or (
-            min(mc.max_position_embeddings, CPU_DEFAULT_MAX_MODEL_LEN) if is_cpu else mc.max_position_embeddings)
+        model_max = mc.max_position_embeddings
+        max_model_len = max_model_len or (min(model_max, CPU_DEFAULT_MAX_MODEL_LEN) if is_cpu else model_max)
         max_num_batched_tokens = max_num_batched_tokens or (2048 if is_cpu else 8192)
         plan = plan_kv_cache(loaded, cache_config, device, max_num_seqs, max_model_len,
                              max_num_batched_tokens)
@@ -186,7 +187,8 @@ class LLMEngine:
                                            max_num_batched_tokens=max_num_batched_tokens,
                                            max_model_len=max_model_len)
         config = EngineConfig(model=model or "default", model_config=mc, cache_config=cache_config,
-                              scheduler_config=scheduler_config, dtype=dtype, device=device, seed=seed,
+                              scheduler_config=scheduler_config, device=device, seed=seed,
+                              dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),
                               enforce_eager=enforce_eager)
         engine = cls(config, loaded, plan.num_blocks)
         engine.kv_plan = plan

@@ -95,7 +95,9 @@ class LLM:
         params = _as_params_list(sampling_params, len(prompts))
         return self._run(prompts, params, use_tqdm)
 
-    def _run(self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool
+    ) -> list[RequestOutput]:
         engine = self.llm_engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         try:
