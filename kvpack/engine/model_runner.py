@@ -145,9 +145,9 @@ def get_model_runner_cls(device: torch.device | str, enforce_eager: bool) -> typ
     dev = torch.device(device)
     if dev.type == "cuda" and not enforce_eager:
         try:  # the CUDA graph runner registers itself on import, if it exists
-            import kvpack.engine.cuda_graph_runner  # noqa: F401
+            import kvpack.engine.cuda_graph  # noqa: F401
         except ModuleNotFoundError as e:
-            if e.name != "kvpack.engine.cuda_graph_runner":
+            if e.name != "kvpack.engine.cuda_graph":
                 raise
     for applies, cls in reversed(_RUNNERS):
         if applies(dev, enforce_eager):
