@@ -65,6 +65,7 @@ class AsyncEngine:
         self.max_queue = max_queue
         self.idle_wait_s = idle_wait_s
         self.num_waiting = 0  # event-loop thread only
+        self.num_active = 0  # HTTP requests admitted and not yet done (event-loop thread only)
         self.draining = False
         self.snapshot: dict[str, Any] = {}  # latest engine stats, swapped whole by the engine thread
         self.step_errors = 0
@@ -100,6 +101,7 @@ class AsyncEngine:
                              prompts, params, asyncio.get_running_loop())
         group.unfinished = set(range(len(prompts)))
         self.num_waiting += 1
+        self.num_active += 1
         self._inbox.put(("add", group))
         self._wake.set()
         return group
@@ -119,6 +121,7 @@ class AsyncEngine:
                 yield kind, index, payload
         finally:
             self._mark_started(group)
+            self.num_active -= 1
             if group.unfinished:
                 self.abort(group)
 
@@ -157,6 +160,9 @@ class AsyncEngine:
             if self._stop.is_set():
                 self._abort_everything()
                 self._refresh_snapshot()
+                logger.info("engine stopped: %d of %d KV blocks free",
+                            self.snapshot.get("num_free_blocks", -1),
+                            self.snapshot.get("num_blocks", self.snapshot.get("num_total_blocks", -1)))
                 return
             if not self.engine.has_unfinished_requests():
                 if did_work:

@@ -63,8 +63,14 @@ def make_context(engine: Any, *, served_model_name: str | None = None, model: st
 
 
 def _default_name(model: str | None) -> str:
-    if not model:
-        return "SmolLM2-135M-Instruct"
+    """`--model`'s last path component without `.gguf`; the embedded model's file name."""
+    if not model or model == "default":
+        try:
+            from kvpack.models.loader import default_model_path
+
+            model = default_model_path()
+        except Exception:
+            return "SmolLM2-135M-Instruct"
     base = os.path.basename(os.path.normpath(model))
     return base[:-5] if base.endswith(".gguf") else base
 
@@ -78,9 +84,8 @@ class GracefulServer(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         self.ctx.engine.draining = True
-        live = self.ctx.engine.num_waiting
-        logger.info("shutting down: finishing in-flight requests (up to %.0f s; %d waiting)",
-                    self.grace_s, live)
+        logger.info("shutting down: finishing %d in-flight requests (up to %.1f s, then abort)",
+                    self.ctx.engine.num_active, self.grace_s)
         timer = asyncio.get_running_loop().call_later(self.grace_s, self.ctx.engine.abort_all)
         try:
             await super().shutdown(sockets)
