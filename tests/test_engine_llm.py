@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvpack import LLM, SamplingParams
 from kvpack.config import KVPackError
@@ -87,3 +88,26 @@ def test_earliest_stop_string_wins():
     s = _seq(["bb", "a"])
     s.add_text("xxbba")
     assert s.find_stop_string() and s.output_text == "xx" and s.stop_reason == "bb"
+
+
+def test_fast_metadata_equals_the_reference_build():
+    import random
+
+    from kvpack.attention.metadata import AttentionMetadata
+    from kvpack.engine.model_runner import build_metadata
+
+    rng = random.Random(0)
+    for _ in range(50):
+        bs = rng.choice([8, 16])
+        b = rng.randrange(1, 9)
+        seq_lens = [rng.randrange(1, 100) for _ in range(b)]
+        query_lens = [rng.choice([1, rng.randrange(1, s + 1)]) for s in seq_lens]
+        tables = [rng.sample(range(500), -(-s // bs) + rng.randrange(0, 3)) for s in seq_lens]
+        want = AttentionMetadata.build(query_lens, seq_lens, tables, bs)
+        got, positions = build_metadata(query_lens, seq_lens, tables, bs)
+        for f in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+            a, w = getattr(got, f), getattr(want, f)
+            assert a.dtype == w.dtype and torch.equal(a, w), f
+        assert (got.max_query_len, got.max_seq_len) == (want.max_query_len, want.max_seq_len)
+        assert positions.dtype == torch.int64
+        assert positions.tolist() == [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
