@@ -380,3 +380,53 @@ def test_graceful_shutdown_aborts_after_grace_and_ends_streams_cleanly():
     events = results["long"][1]
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "abort"
     assert engine.num_free_blocks == engine.num_blocks and not engine.has_unfinished_requests()
+
+
+def test_slow_consumer_costs_one_pending_output_per_choice():
+    """Outputs are cumulative: a consumer that does not read holds at most one queued
+    notification and one output per choice, and still gets the whole text."""
+    import asyncio
+
+    from kvpack.entrypoints.openai.async_engine import AsyncEngine
+    from kvpack.sampling_params import SamplingParams
+
+    engine = FakeEngine(step_delay=0.002)
+    ae = AsyncEngine(engine)
+    ids = engine.tokenizer.encode("slow")
+
+    async def main():
+        ae.start()
+        group = ae.submit("g", [ids, ids], [SamplingParams(max_tokens=60)] * 2)
+        await asyncio.sleep(0.02)
+        _wait_async = time.time() + 10
+        while engine.has_unfinished_requests() and time.time() < _wait_async:
+            await asyncio.sleep(0.01)
+        assert not engine.has_unfinished_requests()
+        assert group.queue.qsize() <= 2 and len(group.latest) <= 2
+        texts = {}
+        async for kind, index, out in ae.results(group):
+            texts[index] = out.text
+        return texts
+
+    try:
+        texts = asyncio.run(main())
+    finally:
+        ae.shutdown()
+    assert texts == {0: expected("slow", 60), 1: expected("slow", 60)}
+    assert ae.num_active == 0 and ae.num_waiting == 0
+
+
+def test_dead_engine_thread_fails_requests_and_health():
+    class Dying(FakeEngine):
+        def has_unfinished_requests(self):
+            if self.added:
+                raise SystemError("driver bug")
+            return False
+
+    st, ctx = serve(Dying())
+    with st as url:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 500 and "died" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health").status_code == 503
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503

@@ -177,6 +177,8 @@ def build_app(ctx: ServingContext, *, api_key: str | None = None,
     async def health() -> Response:
         if ctx.engine.draining:
             return error_response(503, "shutting down", "server_error", code="shutting_down")
+        if ctx.engine.dead:
+            return error_response(503, "the engine thread died", "server_error", code="engine_dead")
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -44,8 +44,12 @@ class ShuttingDownError(Exception):
 @dataclass
 class RequestGroup:
     """The engine requests behind one HTTP request. Items on `queue` are
-    `(kind, index, payload)` with kind "out" (a RequestOutput), "error" (an exception) or
-    "abort" (the server aborted it), or the DISCONNECTED sentinel."""
+    `(kind, index, payload)` with kind "out" (a RequestOutput is waiting in `latest[index]`),
+    "error" (payload: the exception) or "abort" (the server aborted it), or DISCONNECTED.
+
+    Outputs are cumulative, so only the newest one per choice is kept (`latest`, under `lock`)
+    and one "out" notification is queued while it is unread: a slow client costs one pending
+    output per choice, not one per step."""
 
     group_id: str
     sub_ids: list[str]
@@ -55,6 +59,8 @@ class RequestGroup:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     unfinished: set[int] = field(default_factory=set)
     waiting: bool = True
+    latest: dict[int, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class AsyncEngine:
@@ -67,6 +73,7 @@ class AsyncEngine:
         self.num_waiting = 0  # event-loop thread only
         self.num_active = 0  # HTTP requests admitted and not yet done (event-loop thread only)
         self.draining = False
+        self.dead = False  # the engine thread died: /health and new requests answer 503
         self.snapshot: dict[str, Any] = {}  # latest engine stats, swapped whole by the engine thread
         self.step_errors = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -93,6 +100,8 @@ class AsyncEngine:
         ShuttingDownError instead of queueing when the server cannot take it."""
         if self.draining or self._stop.is_set():
             raise ShuttingDownError("the server is shutting down")
+        if self.dead:
+            raise ShuttingDownError("the engine thread died; see the server log")
         if self.max_queue is not None and self.num_waiting >= self.max_queue:
             raise QueueFullError(
                 f"the server is overloaded: {self.num_waiting} requests already waiting "
@@ -116,6 +125,11 @@ class AsyncEngine:
                     return
                 self._mark_started(group)
                 kind, index, payload = item
+                if kind == "out":
+                    with group.lock:
+                        payload = group.latest.pop(index, None)
+                    if payload is None:
+                        continue
                 if kind != "out" or payload.finished:
                     group.unfinished.discard(index)
                 yield kind, index, payload
@@ -154,6 +168,14 @@ class AsyncEngine:
     # --- engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # the driver itself broke: fail everything, refuse new work
+            logger.exception("the engine thread died")
+            self.dead = True
+            self._abort_everything(error=RuntimeError(f"the engine thread died: {e!r}"))
+
+    def _loop(self) -> None:
         while True:
             self._wake.clear()
             did_work = self._drain_inbox()
@@ -183,7 +205,11 @@ class AsyncEngine:
                 group, index = entry
                 if out.finished:
                     del self._live[out.request_id]
-                self._deliver(group, ("out", index, out))
+                with group.lock:
+                    notify = index not in group.latest
+                    group.latest[index] = out
+                if notify:
+                    self._deliver(group, ("out", index, None))
             self._refresh_snapshot()
 
     def _drain_inbox(self) -> bool:
@@ -199,7 +225,7 @@ class AsyncEngine:
             elif kind == "abort":
                 for rid in payload:
                     if self._live.pop(rid, None) is not None:
-                        self.engine.abort_request(rid)
+                        self._abort_one(rid)
             elif kind == "abort_all":
                 self._abort_everything()
 
@@ -214,12 +240,15 @@ class AsyncEngine:
 
     def _abort_everything(self, error: Exception | None = None) -> None:
         for rid, (group, index) in list(self._live.items()):
-            try:
-                self.engine.abort_request(rid)
-            except Exception:
-                logger.exception("abort_request(%s) failed", rid)
+            self._abort_one(rid)
             self._deliver(group, ("error", index, error) if error else ("abort", index, None))
         self._live.clear()
+
+    def _abort_one(self, rid: str) -> None:
+        try:
+            self.engine.abort_request(rid)
+        except Exception:
+            logger.exception("abort_request(%s) failed", rid)
 
     def _deliver(self, group: RequestGroup, item: tuple) -> None:
         try:
