@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kvpack.attention import AttentionMetadata, LayerKVCache
 from kvpack.attention import reference
+from kvpack.formats import fp8_decode
+from kvpack.kernels.quant import K_FMT_FP8E4M3, K_FMT_FP8E5M2, fp8_decode_f16, int4_to_f16, int8_to_f16
 from tests.test_kernels_write import make_pool
 
 ATOL = 2e-3
@@ -128,3 +132,35 @@ def test_decode_gpu_large(name, D, block_size):
     check(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=block_size, device="cuda",
           dtype=torch.bfloat16 if bf16 else torch.float16, atol=1e-2 if bf16 else ATOL,
           rtol=1e-2 if bf16 else RTOL)
+
+
+@triton.jit
+def _conv_kernel(c_ptr, o_ptr):
+    i = tl.arange(0, 256)
+    c = tl.load(c_ptr + i)
+    tl.store(o_ptr + i, int8_to_f16(c.to(tl.int8, bitcast=True)))
+    lo, hi = int4_to_f16(c)
+    tl.store(o_ptr + 256 + i, lo)
+    tl.store(o_ptr + 512 + i, hi)
+    tl.store(o_ptr + 768 + i, fp8_decode_f16(c, K_FMT_FP8E4M3))
+    tl.store(o_ptr + 1024 + i, fp8_decode_f16(c, K_FMT_FP8E5M2))
+
+
+def test_f16_conversions_every_code():
+    """quant.int8_to_f16 / int4_to_f16 / fp8_decode_f16 on all 256 byte values against torch
+    (the interpreter runs the plain-Triton fallbacks, the GPU the PTX byte-permute versions)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(dev)
+    out = torch.empty(5 * 256, dtype=torch.float16, device=dev)
+    _conv_kernel[(1,)](codes, out)
+    out = out.float().cpu()
+    c = torch.arange(256)
+    assert torch.equal(out[:256], c.to(torch.uint8).view(torch.int8).float())
+    assert torch.equal(out[256:512], (c & 15).float())
+    assert torch.equal(out[512:768], (c >> 4).float())
+    for k, name in ((3, "fp8_e4m3"), (4, "fp8_e5m2")):
+        ref = fp8_decode(c.to(torch.uint8), name)
+        got = out[256 * k: 256 * (k + 1)] * (256.0 if name == "fp8_e4m3" else 1.0)
+        finite = ref.isfinite()
+        assert torch.equal(got[finite], ref[finite]), name
+        assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite])), name

@@ -2,13 +2,16 @@
 
 Grid (num_seqs, Hkv, num_splits): a program loads each KV tile of its split once for all GROUP =
 Hq / Hkv query heads that share it (q tile [GROUP_PAD >= 16, D] for tl.dot) and dequantizes in
-registers: per-token K scales multiply the scores, V tiles are dequantized to fp16 before P @ V.
+registers without conversion instructions (`quant.int8_to_f16` etc.: byte permutes into fp16 bit
+patterns): per-token K scales multiply the scores, per-token V scales multiply the probabilities
+(normalised by the tile's largest scale), int4 tiles become code * s + m in fp16.
 With several splits, a second kernel merges the partial (max, sum, acc) triples.
 
 Dot operands (input_precision stated): float caches use their own dtype (bf16/fp16; fp32 caches
 use fp32 operands with input_precision="ieee"); quantized caches are decoded exactly into fp16
-(int8 and fp8 codes are exact in fp16, int4 values are code * s + m rounded once to fp16) and q
-is cast to fp16. Accumulation, softmax and the split merge are float32.
+(int8 and fp8 codes are exact in fp16, int4 values are code * s + m in fp16 arithmetic), q is
+cast to fp16 and so are the (scaled) probabilities. Accumulation, softmax and the split merge
+are float32.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import triton.language as tl
 
 from kvpack.attention.kv_cache import CachePool, LayerKVCache
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, int4_hi, int4_lo,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, int4_to_f16, int8_to_f16,
 )
 
 _LOG2E = 1.4426950408889634
@@ -36,7 +39,7 @@ def _load_raw(codes_ptr, c_row, nmask, FMT: tl.constexpr, D: tl.constexpr, D_PAD
     if FMT == K_FMT_FLOAT:
         out = c
     elif FMT == K_FMT_INT8:
-        out = c.to(tl.float16)
+        out = int8_to_f16(c)
     else:
         out = fp8_decode_f16(c, FMT)  # value / factor, exact
     return out
@@ -45,22 +48,21 @@ def _load_raw(codes_ptr, c_row, nmask, FMT: tl.constexpr, D: tl.constexpr, D_PAD
 @triton.jit
 def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.constexpr,
                HALF_PAD: tl.constexpr, G: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr):
-    """int4 tile as two float32 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2 (code * s + m)."""
+    """int4 tile as two fp16 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2, code * s + m."""
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF_PAD)
     b = tl.load(codes_ptr + c_row[:, None] + j[None, :], mask=nmask[:, None] & (j < HALF)[None, :], other=0)
-    lo = int4_lo(b).to(tl.float32)
-    hi = int4_hi(b).to(tl.float32)
+    lo, hi = int4_to_f16(b)
     if ALIGNED:  # D a power of two and groups never straddle the halves: broadcast group params
         NGH: tl.constexpr = HALF // G
         gi = tl.arange(0, NGH)
         sp = scales_ptr + s_row[:, None] + gi[None, :]
         zp = zeros_ptr + s_row[:, None] + gi[None, :]
         m2 = nmask[:, None]
-        s_lo = tl.load(sp, mask=m2, other=0.0).to(tl.float32)
-        s_hi = tl.load(sp + NGH, mask=m2, other=0.0).to(tl.float32)
-        z_lo = tl.load(zp, mask=m2, other=0.0).to(tl.float32)
-        z_hi = tl.load(zp + NGH, mask=m2, other=0.0).to(tl.float32)
+        s_lo = tl.load(sp, mask=m2, other=0.0)
+        s_hi = tl.load(sp + NGH, mask=m2, other=0.0)
+        z_lo = tl.load(zp, mask=m2, other=0.0)
+        z_hi = tl.load(zp + NGH, mask=m2, other=0.0)
         lo = tl.reshape(lo, (BLOCK_N, NGH, G)) * s_lo[:, :, None] + z_lo[:, :, None]
         hi = tl.reshape(hi, (BLOCK_N, NGH, G)) * s_hi[:, :, None] + z_hi[:, :, None]
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
@@ -69,10 +71,10 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
         jm = nmask[:, None] & (j < HALF)[None, :]
         g_lo = (j // G)[None, :]
         g_hi = ((j + HALF) // G)[None, :]
-        s_lo = tl.load(scales_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0).to(tl.float32)
-        s_hi = tl.load(scales_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0).to(tl.float32)
-        z_lo = tl.load(zeros_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0).to(tl.float32)
-        z_hi = tl.load(zeros_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0).to(tl.float32)
+        s_lo = tl.load(scales_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0)
+        s_hi = tl.load(scales_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0)
+        z_lo = tl.load(zeros_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0)
+        z_hi = tl.load(zeros_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0)
         lo = lo * s_lo + z_lo
         hi = hi * s_hi + z_hi
     return lo, hi
@@ -133,15 +135,20 @@ def _attend_tile(
         v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
                                 V_ALIGNED, BLOCK_N)
         pd = p.to(V_DT)
-        acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo.to(V_DT), V_DT)
-        acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi.to(V_DT), V_DT)
+        acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
+        acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
     else:
         v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD)
-        if V_FMT != K_FMT_FLOAT:
-            if not V_STATIC:
-                vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32) * V_FACTOR
-                v = (v.to(tl.float32) * vs[:, None]).to(V_DT)
-        acc_a = acc_a * alpha[:, None] + _dot(p.to(V_DT), v, V_DT)
+        if V_FMT != K_FMT_FLOAT and not V_STATIC:
+            # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
+            # keeps its range), and the tile scale into the [GROUP, D] product
+            vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
+            vmax = tl.max(vs, axis=0)
+            vmax = tl.where(vmax > 0, vmax, 1.0)
+            pv = _dot((p * (vs / vmax)[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
+        else:
+            pv = _dot(p.to(V_DT), v, V_DT)
+        acc_a = acc_a * alpha[:, None] + pv
     return m_i, l_i, acc_a, acc_b
 
 

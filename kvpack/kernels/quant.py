@@ -16,6 +16,8 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
     fp8_decode_f16(code, FMT)          uint8 code -> float16 equal to value / fp8_f16_factor(FMT)
                                        (exact, subnormals included; e4m3 NaN codes not kept)
     fp8_f16_factor(FMT)                2**8 for e4m3, 1 for e5m2 (fold it into the scale)
+    int8_to_f16(c)                     int8 codes -> float16, exact
+    int4_to_f16(b)                     packed bytes -> (low, high) nibbles as float16, exact
     decode_codes_f32(codes, FMT)       unscaled code values as float32 (float, int8, fp8 kinds)
     f32_to_bf16_rne(x)                 float32 -> bfloat16, ties to even, with integer ops (the CPU
                                        interpreter truncates in `.to(tl.bfloat16)`; GPUs round)
@@ -40,6 +42,7 @@ from kvpack.formats import (
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Module constants visible inside @triton.jit bodies.
+_INTERPRET_C = tl.constexpr(INTERPRET)
 K_FMT_FLOAT = tl.constexpr(FMT_FLOAT)
 K_FMT_INT8 = tl.constexpr(FMT_INT8)
 K_FMT_INT4 = tl.constexpr(FMT_INT4)
@@ -150,6 +153,80 @@ def fp8_encode(x, FMT: tl.constexpr):
     return out
 
 
+# GPU conversions to fp16 without conversion instructions (cvt runs at 1/8 of the FMA rate and
+# would bound a memory-bound decode kernel): 4 codes per 32-bit register, bytes moved into fp16
+# bit patterns with `prmt` (byte permute), masks and shifts; int codes become 1024 + code (exponent
+# byte 0x64) and 1024 is subtracted exactly with one packed fp16 op. Plain PTX, any sm >= 70.
+_ASM_INT8_F16 = tl.constexpr("""{
+.reg .b32 t, m, k;
+xor.b32 t, $2, 0x80808080;
+mov.b32 m, 0x64646464;
+mov.b32 k, 0x64806480;
+prmt.b32 $0, t, m, 0x4140;
+prmt.b32 $1, t, m, 0x4342;
+sub.f16x2 $0, $0, k;
+sub.f16x2 $1, $1, k;
+}""")
+_ASM_INT4_F16 = tl.constexpr("""{
+.reg .b32 t, u, m, k;
+mov.b32 m, 0x64646464;
+mov.b32 k, 0x64006400;
+and.b32 t, $4, 0x0F0F0F0F;
+shr.b32 u, $4, 4;
+and.b32 u, u, 0x0F0F0F0F;
+prmt.b32 $0, t, m, 0x4140;
+prmt.b32 $1, t, m, 0x4342;
+prmt.b32 $2, u, m, 0x4140;
+prmt.b32 $3, u, m, 0x4342;
+sub.f16x2 $0, $0, k;
+sub.f16x2 $1, $1, k;
+sub.f16x2 $2, $2, k;
+sub.f16x2 $3, $3, k;
+}""")
+_ASM_E5M2_F16 = tl.constexpr("""{
+.reg .b32 z;
+mov.b32 z, 0;
+prmt.b32 $0, $2, z, 0x1404;
+prmt.b32 $1, $2, z, 0x3424;
+}""")
+_ASM_E4M3_F16 = tl.constexpr("""{
+.reg .b32 z, u0, u1, v0, v1;
+mov.b32 z, 0;
+prmt.b32 u0, $2, z, 0x1404;
+prmt.b32 u1, $2, z, 0x3424;
+shr.b32 v0, u0, 1;
+shr.b32 v1, u1, 1;
+and.b32 v0, v0, 0x3F803F80;
+and.b32 v1, v1, 0x3F803F80;
+and.b32 u0, u0, 0x80008000;
+and.b32 u1, u1, 0x80008000;
+or.b32 $0, u0, v0;
+or.b32 $1, u1, v1;
+}""")
+
+
+@triton.jit
+def int8_to_f16(c):
+    """int8 codes -> float16 (exact)."""
+    if _INTERPRET_C:
+        out = c.to(tl.float16)
+    else:
+        out = tl.inline_asm_elementwise(_ASM_INT8_F16, "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+    return out
+
+
+@triton.jit
+def int4_to_f16(b):
+    """Packed int4 bytes -> (low nibble, high nibble) as float16 codes 0..15 (exact)."""
+    if _INTERPRET_C:
+        lo = int4_lo(b).to(tl.float16)
+        hi = int4_hi(b).to(tl.float16)
+    else:
+        lo, hi = tl.inline_asm_elementwise(_ASM_INT4_F16, "=r,=r,=r,=r,r", [b], dtype=(tl.float16, tl.float16),
+                                           is_pure=True, pack=4)
+    return lo, hi
+
+
 @triton.jit
 def fp8_decode_f16(code, FMT: tl.constexpr):
     """uint8 FP8 code -> float16 holding value / fp8_f16_factor(FMT), exactly (subnormals too).
@@ -158,12 +235,18 @@ def fp8_decode_f16(code, FMT: tl.constexpr):
     2**-8); e5m2 is the top byte of an fp16 (inf and NaN kept). e4m3 NaN codes decode to 1.875*2**-8
     *sign here; `fp8_decode` keeps them NaN.
     """
-    c = code.to(tl.int8, bitcast=True).to(tl.int16)  # sign-extended
-    if FMT == K_FMT_FP8E4M3:
-        bits = (c << 7) & -16512  # 0xBF80: sign, 4 exponent bits, 3 mantissa bits
+    if _INTERPRET_C:
+        c = code.to(tl.int8, bitcast=True).to(tl.int16)  # sign-extended
+        if FMT == K_FMT_FP8E4M3:
+            bits = (c << 7) & -16512  # 0xBF80: sign, 4 exponent bits, 3 mantissa bits
+        else:
+            bits = c << 8
+        out = bits.to(tl.int16).to(tl.float16, bitcast=True)
+    elif FMT == K_FMT_FP8E4M3:
+        out = tl.inline_asm_elementwise(_ASM_E4M3_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
     else:
-        bits = c << 8
-    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+        out = tl.inline_asm_elementwise(_ASM_E5M2_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
+    return out
 
 
 @triton.jit
