@@ -113,6 +113,7 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
         assert r["all_blocks_free"] is True and r["kv_cache_tokens"] == 8 * 16
         assert r["preemptions"] > 0  # 4 of 6 prompts fill 8 blocks; decoding past 32 tokens evicts one
         assert 0 < r["peak_kv_usage"] <= 1 and r["mean_ttft_ms"] > 0 and r["mean_tpot_ms"] > 0
+        assert 0 < r["decode_tokens"] < n_out and r["decode_s"] < r["elapsed_s"]  # first tokens come from prefill
     assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0
 
 

@@ -4,7 +4,9 @@ All requests are queued at t0 (as vLLM's offline throughput benchmark does) and 
 batching; every format in `--kv-cache-dtype` gets the same workload (seeded random token ids, or the
 lines of `--dataset`), the same weights and the same KV budget. Reported per format: requests/s,
 output tokens/s, total tokens/s, TTFT and TPOT means (TTFT counts the queueing from t0), preemptions,
-peak KV usage, and a check that every block is free at the end.
+peak KV usage, a check that every block is free at the end, and the decode-phase rate (tokens of
+pure-decode steps / their time), which shows the concurrency a format buys without the prefill time
+that output tok/s also counts.
 
     kvpack bench throughput --model llama-3.1-8b --num-prompts 256 --input-len 2048:8192 \
         --output-len 256:512 --kv-cache-memory 16GiB --kv-cache-dtype bfloat16,int8,int4
@@ -28,6 +30,7 @@ from kvpack.tools.bench_common import (
 COLUMNS = [("kv_cache_dtype", "format", ""), ("kv_cache_tokens", "KV tokens", ",d"),
            ("requests_per_s", "req/s", ".2f"), ("output_tok_s", "output tok/s", ",.0f"),
            ("total_tok_s", "total tok/s", ",.0f"), ("output_tok_s_vs_bf16", "vs bf16", ".2f"),
+           ("decode_tok_s", "decode tok/s", ",.0f"), ("decode_tok_s_vs_bf16", "vs bf16", ".2f"),
            ("mean_ttft_ms", "TTFT ms", ",.0f"), ("mean_tpot_ms", "TPOT ms", ".1f"),
            ("preemptions", "preempt", "d"), ("peak_kv_usage", "peak KV", ".0%"),
            ("peak_running", "peak seqs", "d"), ("all_blocks_free", "blocks free", "")]
@@ -67,8 +70,16 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     ttft, tpot, n_out = [], [], 0
     bar = tqdm(total=len(workload), desc=f"{engine.kv_format_name}", unit="req", mininterval=1.0,
                disable=not progress, leave=False)
+    decode_s, decode_tokens = 0.0, 0
     while engine.has_unfinished_requests():
+        computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
+        s = time.perf_counter()
         outputs = engine.step()
+        dt = time.perf_counter() - s
+        n_gen = engine.counters["generation_tokens"] - generated
+        if n_gen and engine.counters["computed_tokens"] - computed == n_gen:  # a pure-decode step
+            decode_s += dt
+            decode_tokens += n_gen
         steps += 1
         peak_used = max(peak_used, total_blocks - engine.num_free_blocks)
         peak_running = max(peak_running, len(engine.scheduler.running))
@@ -93,6 +104,8 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
         "mean_ttft_ms": _ms(mean(ttft)), "median_ttft_ms": _ms(percentile(ttft, 50)),
         "p99_ttft_ms": _ms(percentile(ttft, 99)), "mean_tpot_ms": _ms(mean(tpot)),
         "median_tpot_ms": _ms(percentile(tpot, 50)),
+        "decode_tok_s": decode_tokens / decode_s if decode_s else None, "decode_s": decode_s,
+        "decode_tokens": decode_tokens,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "peak_kv_usage": peak_used / total_blocks, "peak_running": peak_running,
         "all_blocks_free": engine.num_free_blocks == total_blocks,
@@ -136,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{item}: {r['output_tok_s']:,.0f} output tok/s, {r['requests_per_s']:.2f} req/s, "
               f"{r['preemptions']} preemptions, peak KV {r['peak_kv_usage']:.0%}", flush=True)
     add_ratios(rows, "output_tok_s", "output_tok_s_vs_bf16")
+    add_ratios(rows, "decode_tok_s", "decode_tok_s_vs_bf16")
     add_ratios(rows, "kv_cache_tokens", "kv_tokens_vs_bf16")
     print(f"\nthroughput: {args.model}, {args.num_prompts} requests, input {args.input_len}, "
           f"output {args.output_len}")
