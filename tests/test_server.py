@@ -86,6 +86,9 @@ def test_openai_client_completions_and_chat(server):
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == expected(chat_prompt_last(msgs), 3)
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
     assert [m.id for m in c.models.list().data] == ["fake"]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}]
+    r = c.chat.completions.create(model="fake", messages=parts, max_tokens=2)
+    assert r.choices[0].message.content == expected(chat_prompt_last([{"role": "user", "content": "hi"}]), 2)
 
 
 def test_raw_sse_format_and_done(server):

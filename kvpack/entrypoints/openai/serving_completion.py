@@ -12,7 +12,7 @@ from kvpack.entrypoints.openai.protocol import (
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, UsageInfo,
 )
 from kvpack.entrypoints.openai.serving import (
-    MAX_PROMPTS, APIError, ChoiceState, GroupStream, ServingContext, bad_request, build_params,
+    MAX_PROMPTS, ChoiceState, GroupStream, ServingContext, bad_request, build_params,
     check_prompt_ids, raise_for_error, stop_holdback, submit,
 )
 from kvpack.entrypoints.openai.sse import DONE, error_event, sse
@@ -120,28 +120,25 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, rid: str, created
     if req.echo:
         yield chunk([CompletionChoice(index=i, text=e) for i, e in enumerate(echo)])
     finished = False
-    try:
-        async for kind, index, payload in stream:
-            st = states[index]
-            if kind == "error":
-                yield error_event(payload)
-                break
-            st.apply(kind, payload)
-            delta, ids, lps = st.take_delta()
-            if not (delta or st.finish_reason or (ids and req.logprobs is not None)):
-                continue
-            lp = None
-            if req.logprobs is not None:
-                lp = _logprobs(ctx, ids, lps, req.logprobs, offsets[index])
-                offsets[index] = lp.text_offset[-1] + len(lp.tokens[-1]) if lp.tokens else offsets[index]
-            yield chunk([CompletionChoice(index=index, text=delta, logprobs=lp,
-                                          finish_reason=st.finish_reason)])
-        else:
-            finished = True
-        usage = _usage(ctx, prompt_tokens, states)
-        if finished and req.include_usage:
-            yield chunk([], usage)
-        yield DONE
-    except APIError as e:  # pragma: no cover - defensive
-        yield error_event(e)
-        yield DONE
+    async for kind, index, payload in stream:
+        st = states[index]
+        if kind == "error":
+            yield error_event(payload)
+            break
+        st.apply(kind, payload)
+        delta, ids, lps = st.take_delta()
+        if not (delta or st.finish_reason or (ids and req.logprobs is not None)):
+            continue
+        lp = None
+        if req.logprobs is not None:
+            lp = _logprobs(ctx, ids, lps, req.logprobs, offsets[index])
+            if lp.tokens:
+                offsets[index] = lp.text_offset[-1] + len(lp.tokens[-1])
+        yield chunk([CompletionChoice(index=index, text=delta, logprobs=lp,
+                                      finish_reason=st.finish_reason)])
+    else:
+        finished = True
+    usage = _usage(ctx, prompt_tokens, states)
+    if finished and req.include_usage:
+        yield chunk([], usage)
+    yield DONE
