@@ -13,8 +13,10 @@ Reports the median time per call (triton.testing.do_bench), TFLOP/s of the causa
 (4 * Hq * D * visible (query, key) pairs), the ratio to kvpack bf16 and to SDPA, and the max abs
 difference of each output to kvpack bf16 (SDPA vs kvpack bf16 checks the baseline's mask).
 Writes results/prefill/prefill{tag}.json and .md (and a .png when matplotlib is installed).
+`--sweep` times the candidate tilings (SWEEP) instead, to retune `pick_tile_config` on a new GPU.
 
     python benchmarks/bench_prefill.py [--formats bfloat16,int8,...] [--prefixes 0,2048,8192]
+    python benchmarks/bench_prefill.py --sweep --formats bfloat16,int8,int4,fp8_e4m3 --prefixes 8192
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ import time
 import torch
 
 FORMATS = ["bfloat16", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2"]
+# --sweep: (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates around the heuristic table
+SWEEP = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 8, 3),
+         (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 8, 2)]
 
 
-def env_info(argv: list[str]) -> dict:
+def env_info(argv: list[str], dev: torch.device) -> dict:
     import triton
 
     def sh(cmd):
@@ -42,7 +47,8 @@ def env_info(argv: list[str]) -> dict:
 
     dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"])
     return {
-        "gpu": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter smoke run)",
+        "capability": list(torch.cuda.get_device_capability(dev)) if dev.type == "cuda" else None,
         "driver": sh(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0],
         "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__,
         "commit": sh(["git", "rev-parse", "--short", "HEAD"]) + ("-dirty" if dirty else ""),
@@ -73,6 +79,13 @@ def build_layer(name: str, k, v, num_blocks: int, block_size: int, slots, dtype)
 
 def sdpa_flash(q, k, v, scale):
     """q: [1, Hq, Lq, D]; k, v: [1, Hkv, Lk, D] -> (callable, gqa mode)."""
+    if q.device.type != "cuda":  # smoke run: the math backend with the same bottom-right mask
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(q.shape[2], k.shape[2])
+        g = q.shape[1] // k.shape[1]
+        ke, ve = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        return (lambda: torch.nn.functional.scaled_dot_product_attention(q, ke, ve, mask, scale=scale)), "math"
     op = torch.ops.aten._scaled_dot_product_flash_attention
 
     def call(kk, vv):
@@ -101,17 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench measuring time per point")
     ap.add_argument("--out", default="results/prefill")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (tiny shapes)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="time the SWEEP tile configs per format and prefix instead (prefill_sweep*.json/md)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_prefill: needs a CUDA GPU", file=sys.stderr)
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("bench_prefill: needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 for a smoke run)",
+              file=sys.stderr)
         return 2
     import triton
 
     from kvpack.attention.metadata import AttentionMetadata
-    from kvpack.kernels.prefill_attention import prefill_paged_attention
+    from kvpack.kernels.prefill_attention import TileConfig, pick_tile_config, prefill_paged_attention
 
     torch.manual_seed(0)
-    dev = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
     formats = args.formats.split(",")
     prefixes = [int(p) for p in args.prefixes.split(",")]
@@ -127,7 +144,49 @@ def main(argv: list[str] | None = None) -> int:
     layers = {f: build_layer(f, k, v, num_blocks, bs, slots, dtype) for f in formats}
 
     def bench(fn):
+        if dev.type != "cuda":  # smoke run: one timed call
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e6
         return triton.testing.do_bench(fn, warmup=25, rep=args.rep_ms, return_mode="median") * 1e3
+
+    if args.sweep:
+        rows = []
+        default = pick_tile_config(d, dev)
+        for prefix in prefixes:
+            seq_len = prefix + chunk
+            meta = AttentionMetadata.build([chunk], [seq_len], [table[: triton.cdiv(seq_len, bs)]], bs, dev)
+            flops = 4 * hq * d * (chunk * prefix + chunk * (chunk + 1) // 2)
+            for f in formats:
+                ref = prefill_paged_attention(q, layers[f], meta, scale, config=default).float()
+                for c in SWEEP:
+                    cfg = TileConfig(*c)
+                    fn = lambda: prefill_paged_attention(q, layers[f], meta, scale, config=cfg)  # noqa: E731
+                    try:
+                        diff = (fn().float() - ref).abs().max().item()
+                        us = bench(fn)
+                    except Exception as e:  # out of shared memory / registers on this GPU
+                        print(f"prefix {prefix} {f} {c}: {type(e).__name__}: {str(e)[:120]}")
+                        continue
+                    rows.append({"prefix": prefix, "format": f, "config": list(c), "us": us,
+                                 "tflops": flops / us * 1e-6, "default": cfg == default,
+                                 "max_abs_diff_vs_default": diff})
+                    print(f"prefix {prefix:5d} {f:16s} {str(c):18s} {us:9.1f} us {flops / us * 1e-6:6.1f} TFLOP/s "
+                          f"{'(default)' if cfg == default else ''} diff {diff:.1e}", flush=True)
+        result = {"env": env_info(["benchmarks/bench_prefill.py"] + argv, dev),
+                  "config": {**vars(args), "default_tile": list(vars(default).values())}, "sweep": rows}
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, f"prefill_sweep{args.tag}")
+        with open(stem + ".json", "w") as fh:
+            json.dump(result, fh, indent=1)
+        with open(stem + ".md", "w") as fh:
+            fh.write(f"# Prefill tile sweep ({result['env']['gpu']}, commit {result['env']['commit']})\n\n"
+                     "| prefix | format | BLOCK_M, BLOCK_N, warps, stages | us | TFLOP/s | default |\n"
+                     "|---:|---|---|---:|---:|---|\n")
+            for r in rows:
+                fh.write(f"| {r['prefix']} | {r['format']} | {r['config']} | {r['us']:.1f} | {r['tflops']:.1f} | "
+                         f"{'yes' if r['default'] else ''} |\n")
+        return 0
 
     rows, sdpa_rows = [], []
     for prefix in prefixes:
@@ -160,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"x{r['vs_kvpack_bf16']:.3f} bf16 x{r['vs_sdpa_flash']:.3f} sdpa", flush=True)
         print(f"prefix {prefix:5d} {'sdpa flash':16s} {s_us:9.1f} us {flops / s_us * 1e-6:6.1f} TFLOP/s ({gqa} GQA)")
 
-    result = {"env": env_info(["benchmarks/bench_prefill.py"] + argv),
+    result = {"env": env_info(["benchmarks/bench_prefill.py"] + argv, dev),
               "config": {**vars(args), "max_len": max_len, "batch": 1, "q_dtype": args.dtype},
               "kvpack": rows, "sdpa_flash": sdpa_rows}
     write_outputs(result, args.out, args.tag)

@@ -250,16 +250,21 @@ class TileConfig:
 
 
 def pick_tile_config(head_dim: int, device: torch.device) -> TileConfig:
-    """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe)."""
+    """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe).
+
+    Chosen from ptxas reports of every format (no register spills on sm_90 for all head dims;
+    a few hundred bytes at most on sm_80 for int8/int4); `bench_prefill.py --sweep` times the
+    alternatives on a real GPU.
+    """
     if INTERPRET or device.type != "cuda":
         return TileConfig(32, 16, 4, 1)
-    major, minor = torch.cuda.get_device_capability(device)
-    big = head_dim > 128
-    if major >= 9:  # Hopper: 2 warpgroups x 64 rows; ~227 KB of shared memory
-        return TileConfig(128, 32, 8, 2) if big else TileConfig(128, 64, 8, 3)
-    if (major, minor) == (8, 0):  # A100: 164 KB of shared memory
-        return TileConfig(64, 32, 4, 2) if big else TileConfig(128, 64, 8, 2)
-    return TileConfig(64, 32, 4, 2) if big else TileConfig(64, 64, 4, 2)  # ~100 KB parts
+    d_pad = 2 * max(16, triton.next_power_of_2(head_dim // 2))
+    major, _ = torch.cuda.get_device_capability(device)
+    if major >= 9:  # Hopper: wgmma over 2 warpgroups x 64 rows
+        return TileConfig(64, 32, 8, 2) if d_pad > 128 else TileConfig(128, 64, 8, 3)
+    if d_pad > 128:  # Ampere / Ada: mma.sync keeps q and the accumulator in registers
+        return TileConfig(32, 16, 4, 2)
+    return TileConfig(128, 64, 8, 2) if d_pad <= 64 else TileConfig(128, 32, 8, 2)
 
 
 def build_tile_map(query_start_loc: torch.Tensor, block_q: int, num_tokens: int
