@@ -433,3 +433,20 @@ def test_dead_engine_thread_fails_requests_and_health():
         assert httpx.get(url + "/health").status_code == 503
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 503
+
+
+@pytest.mark.parametrize("kw", [dict(port=70000), dict(max_queue=0), dict(max_body_bytes=10),
+                                dict(shutdown_grace_s=-1), dict(api_key=" "), dict(log_level="loud")])
+def test_server_config_rejects_bad_values(kw):
+    from kvpack.config import ConfigError
+    from kvpack.entrypoints.openai.launcher import ServerConfig
+
+    with pytest.raises(ConfigError):
+        ServerConfig(**kw)
+
+
+def test_cli_fails_fast_on_bad_flags(capsys):
+    from kvpack.entrypoints.cli import main
+
+    assert main(["serve", "--max-queue", "0"]) == 2  # before any model is loaded
+    assert "--max-queue must be >= 1" in capsys.readouterr().err

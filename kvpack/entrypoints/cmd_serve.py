@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 
-from kvpack.config import CACHE_DTYPE_HELP, ConfigError
+from kvpack.config import CACHE_DTYPE_HELP
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="fixed number of KV cache blocks (default: from the memory budget)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return p
 
 
@@ -57,28 +58,26 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
+    from kvpack.entrypoints.openai.launcher import (
+        ServerConfig, kv_cache_summary, log_startup, make_context, serve,
+    )
 
-    if args.max_queue is not None and args.max_queue < 1:
-        raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if args.max_body_bytes < 1024:
-        raise ConfigError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
-    if not 0 <= args.port < 65536:
-        raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ServerConfig(  # validated before the model loads
+        host=args.host, port=args.port, api_key=args.api_key or os.environ.get("KVPACK_API_KEY"),
+        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+        shutdown_grace_s=args.shutdown_grace, served_model_name=args.served_model_name,
+        log_level=args.log_level)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from kvpack.engine.llm_engine import LLMEngine
-    from kvpack.entrypoints.openai.launcher import kv_cache_summary, log_startup, make_context, serve
 
     engine = LLMEngine.from_args(**engine_kwargs(args))
-    ctx = make_context(engine, served_model_name=args.served_model_name, model=args.model,
-                       max_queue=args.max_queue)
-    log_startup(ctx, kv_cache_summary(engine), args.host, args.port)
+    ctx = make_context(engine, served_model_name=config.served_model_name, model=args.model,
+                       max_queue=config.max_queue)
+    log_startup(ctx, kv_cache_summary(engine), config.host, config.port)
     # uvicorn re-raises the signal it shut down on once it is done; with a Python handler in
     # place (instead of the default action, which kills the process) SIGTERM ends with exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    serve(ctx, host=args.host, port=args.port,
-          api_key=args.api_key or os.environ.get("KVPACK_API_KEY"),
-          max_body_bytes=args.max_body_bytes, grace_s=args.shutdown_grace,
-          log_level=args.log_level)
+    serve(ctx, config)
     return 0

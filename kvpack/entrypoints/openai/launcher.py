@@ -2,7 +2,8 @@
 
 Shutdown on SIGTERM (or SIGINT): uvicorn stops accepting connections and waits for in-flight
 responses; requests still running after `shutdown_grace_s` are aborted (their streams end with
-`finish_reason: "abort"` and `[DONE]`); then the engine thread stops and the process exits 0.
+`finish_reason: "abort"` and `[DONE]`); then the engine thread stops. `kvpack serve` exits 0
+after SIGTERM (130 after SIGINT).
 """
 
 from __future__ import annotations
@@ -10,16 +11,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
-from kvpack.entrypoints.openai.api_server import build_app
+from kvpack.config import ConfigError
+from kvpack.entrypoints.openai.api_server import DEFAULT_MAX_BODY_BYTES, build_app
 from kvpack.entrypoints.openai.async_engine import AsyncEngine
 from kvpack.entrypoints.openai.metrics import ServerMetrics
 from kvpack.entrypoints.openai.serving import ServingContext
 
 logger = logging.getLogger("kvpack.serve")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP layer's settings (`kvpack serve` flags that are not the engine's)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int | None = None  # None: requests wait; N: 503 once N are waiting
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    shutdown_grace_s: float = 10.0
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
+        if self.max_queue is not None and self.max_queue < 1:
+            raise ConfigError(f"--max-queue must be >= 1, got {self.max_queue}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        if not 0 <= self.shutdown_grace_s <= 3600:
+            raise ConfigError(f"--shutdown-grace must be in [0, 3600] s, got {self.shutdown_grace_s}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("--api-key must not be empty")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
 
 
 def kv_cache_summary(engine: Any) -> dict[str, Any]:
@@ -102,10 +135,10 @@ def log_startup(ctx: ServingContext, kv: dict[str, Any], host: str, port: int) -
     logger.info("serving on http://%s:%d (OpenAI API under /v1)", host, port)
 
 
-def serve(ctx: ServingContext, *, host: str, port: int, api_key: str | None,
-          max_body_bytes: int | None, grace_s: float = 10.0, log_level: str = "info") -> None:
+def serve(ctx: ServingContext, config: ServerConfig) -> None:
     """Run until SIGTERM/SIGINT (blocking). Call from the main thread for signal handling."""
-    app = build_app(ctx, api_key=api_key, max_body_bytes=max_body_bytes)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=int(grace_s) + 5, lifespan="on")
-    GracefulServer(config, ctx, grace_s).run()
+    app = build_app(ctx, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                        access_log=False, lifespan="on",
+                        timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5)
+    GracefulServer(uv, ctx, config.shutdown_grace_s).run()
