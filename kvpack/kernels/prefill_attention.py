@@ -6,8 +6,9 @@ head; the `GROUP = Hq // Hkv` query heads sharing that kv head are folded into t
 of them. Programs walk KV tiles of BLOCK_N tokens through the block table up to the causal limit of
 their tile: first the tiles every row sees in full (no masks), then the diagonal tiles (masked).
 
-Numerics: the head dim is handled as two halves (channels [0, D/2) and [D/2, D)), which is the
-int4 nibble order and costs nothing for the other formats. Dot operands are in q's dtype (fp16 or
+Head dims that are not powers of two (80, 96) are padded to the next one with masks. int4 tiles
+are read as two contiguous runs of the packed bytes (low nibbles = channels [0, D/2), high =
+[D/2, D)), so every format yields one full-width tile and each product is one dot. Dot operands are in q's dtype (fp16 or
 bf16; fp32 q uses fp32 operands with input_precision="ieee") with fp32 accumulation; the online
 softmax runs in fp32 with exp2. Per-token scales (int8, fp8) and int4 scale/zero groups are
 applied in registers in fp32 on the K/V tile (value * scale [+ zero]) before rounding to the
@@ -52,60 +53,51 @@ def _ld(ptrs, mask, other, HAS_MASK: tl.constexpr):
 # ---- one K or V tile -------------------------------------------------------------------------
 @triton.jit
 def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
-                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, GS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DT: tl.constexpr):
-    """Load BLOCK_N tokens of one kv head as two half-dim tiles [BLOCK_N, HALF_PAD] in DT.
+                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, GS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK_N: tl.constexpr, DT: tl.constexpr):
+    """Load BLOCK_N tokens of one kv head as a [BLOCK_N, D_PAD] tile in DT.
 
     code_off / scale_off: [BLOCK_N] int64 element offsets of each token's codes / scale groups.
-    Per-token scales (and int4 zeros) are applied in registers, in float32. Returns (lo, hi, c):
-    the tile's values are (lo | hi) * c, c a constant (1.0, or the fp8 factor when the format has
-    no per-token scale to carry it).
+    Per-token scales (and int4 zeros) are applied in registers, in float32. Returns (x, c): the
+    tile's values are x * c, c a constant (1.0, or the fp8 factor when the format has no
+    per-token scale to carry it).
     """
-    d = tl.arange(0, HALF_PAD)
-    HAS_MASK: tl.constexpr = MASK_N or (HALF != HALF_PAD)
-    msk = (d < HALF)[None, :] & n_mask[:, None]
-    ptrs = codes_ptr + code_off[:, None] + d[None, :]
+    d = tl.arange(0, D_PAD)
+    HAS_MASK: tl.constexpr = MASK_N or (HEAD_DIM != D_PAD)
+    msk = (d < HEAD_DIM)[None, :] & n_mask[:, None]
     col = 1.0
     if FMT == K_FMT_INT4:
-        byte = _ld(ptrs, msk, 0, HAS_MASK)
-        lo = int4_lo(byte).to(tl.float32)
-        hi = int4_hi(byte).to(tl.float32)
-        if (HALF == HALF_PAD) and (HALF % GS == 0):  # whole groups per half: broadcast [N, NGH]
-            NGH: tl.constexpr = HALF // GS
-            sp = scale_off[:, None] + tl.arange(0, NGH)[None, :]
-            smsk = n_mask[:, None]
-            s_lo = _ld(scales_ptr + sp, smsk, 1.0, MASK_N).to(tl.float32)
-            s_hi = _ld(scales_ptr + sp + NGH, smsk, 1.0, MASK_N).to(tl.float32)
-            z_lo = _ld(zeros_ptr + sp, smsk, 0.0, MASK_N).to(tl.float32)
-            z_hi = _ld(zeros_ptr + sp + NGH, smsk, 0.0, MASK_N).to(tl.float32)
-            s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
-            s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
-            z_lo = tl.reshape(tl.broadcast_to(z_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
-            z_hi = tl.reshape(tl.broadcast_to(z_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HALF))
-        else:  # groups straddle the halves (head dims 80, 96): gather each channel's group
-            sp_lo = scale_off[:, None] + (d // GS)[None, :]
-            sp_hi = scale_off[:, None] + ((d + HALF) // GS)[None, :]
-            s_lo = _ld(scales_ptr + sp_lo, msk, 1.0, HAS_MASK).to(tl.float32)
-            s_hi = _ld(scales_ptr + sp_hi, msk, 1.0, HAS_MASK).to(tl.float32)
-            z_lo = _ld(zeros_ptr + sp_lo, msk, 0.0, HAS_MASK).to(tl.float32)
-            z_hi = _ld(zeros_ptr + sp_hi, msk, 0.0, HAS_MASK).to(tl.float32)
-        lo = lo * s_lo + z_lo
-        hi = hi * s_hi + z_hi
+        # channel c < D/2 is the low nibble of byte c, channel c >= D/2 the high nibble of byte
+        # c - D/2: read each byte once per nibble (two contiguous runs, vectorizable)
+        HALF: tl.constexpr = HEAD_DIM // 2
+        high = d >= HALF
+        byte = _ld(codes_ptr + code_off[:, None] + tl.where(high, d - HALF, d)[None, :], msk, 0, HAS_MASK)
+        x = tl.where(high[None, :], int4_hi(byte), int4_lo(byte)).to(tl.float32)
+        if (HEAD_DIM == D_PAD) and (HEAD_DIM % GS == 0):  # pow2 dim: broadcast [N, NG] groups
+            NG: tl.constexpr = HEAD_DIM // GS
+            sp = scale_off[:, None] + tl.arange(0, NG)[None, :]
+            sc = _ld(scales_ptr + sp, n_mask[:, None], 1.0, MASK_N).to(tl.float32)
+            zr = _ld(zeros_ptr + sp, n_mask[:, None], 0.0, MASK_N).to(tl.float32)
+            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, NG, GS)), (BLOCK_N, HEAD_DIM))
+            zr = tl.reshape(tl.broadcast_to(zr[:, :, None], (BLOCK_N, NG, GS)), (BLOCK_N, HEAD_DIM))
+        else:  # head dims 80, 96: gather each channel's group
+            sp = scale_off[:, None] + (d // GS)[None, :]
+            sc = _ld(scales_ptr + sp, msk, 1.0, HAS_MASK).to(tl.float32)
+            zr = _ld(zeros_ptr + sp, msk, 0.0, HAS_MASK).to(tl.float32)
+        x = x * sc + zr
     else:
-        lo = _ld(ptrs, msk, 0, HAS_MASK)
-        hi = _ld(ptrs + HALF, msk, 0, HAS_MASK)
+        x = _ld(codes_ptr + code_off[:, None] + d[None, :], msk, 0, HAS_MASK)
         if FMT == K_FMT_FP8E4M3 or FMT == K_FMT_FP8E5M2:
-            # exact fp16 values scaled by 1 / factor (e4m3 NaN codes are not kept: finite
-            # inputs never produce them); the factor joins the per-token scale
-            lo = fp8_decode_f16(lo, FMT)
-            hi = fp8_decode_f16(hi, FMT)
+            # exact fp16 values divided by the fp8 factor (e4m3 NaN codes are not kept: finite
+            # inputs never produce them); the factor joins the scale
+            x = fp8_decode_f16(x, FMT)
             col = fp8_f16_factor(FMT)
         if TOKEN_SCALE:
             col = col * _ld(scales_ptr + scale_off, n_mask, 1.0, MASK_N).to(tl.float32)
-            lo = lo.to(tl.float32) * col[:, None]
-            hi = hi.to(tl.float32) * col[:, None]
+            x = x.to(tl.float32) * col[:, None]
             col = 1.0
-    return lo.to(DT), hi.to(DT), col
+    return x.to(DT), col
 
 
 @triton.jit
@@ -118,12 +110,12 @@ def _dot(a, b, acc, F32: tl.constexpr):
 
 # ---- the kernel ------------------------------------------------------------------------------
 @triton.jit
-def _attend(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+def _attend(acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
             kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
             s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
             s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
             K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_TOKEN: tl.constexpr, V_TOKEN: tl.constexpr,
-            K_GS: tl.constexpr, V_GS: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+            K_GS: tl.constexpr, V_GS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
             MASKED: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr):
     """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks)."""
@@ -134,13 +126,11 @@ def _attend(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh
     else:
         blk = tl.load(bt_row + pos_n // BLOCK_SIZE).to(tl.int64)
     off = (pos_n % BLOCK_SIZE).to(tl.int64)
-    k_lo, k_hi, k_col = _load_kv_tile(
+    k, k_col = _load_kv_tile(
         kc_ptr, ks_ptr, kz_ptr, blk * s_kcb + kvh * s_kch + off * s_kct,
         blk * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
-        K_FMT, K_TOKEN, K_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
-    s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    s = _dot(q_lo, tl.trans(k_lo), s, F32)
-    s = _dot(q_hi, tl.trans(k_hi), s, F32)
+        K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT)
+    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
     s = s * (k_col * qk_scale)
     if MASKED:
         s = tl.where((pos_n[None, :] <= pos_m[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -148,14 +138,13 @@ def _attend(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v_lo, v_hi, v_col = _load_kv_tile(
+    v, v_col = _load_kv_tile(
         vc_ptr, vs_ptr, vz_ptr, blk * s_vcb + kvh * s_vch + off * s_vct,
         blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
-        V_FMT, V_TOKEN, V_GS, HALF, HALF_PAD, BLOCK_N, MASKED, DT)
-    p = p.to(DT)  # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
-    acc_lo = _dot(p, v_lo, acc_lo * alpha[:, None], F32)
-    acc_hi = _dot(p, v_hi, acc_hi * alpha[:, None], F32)
-    return acc_lo, acc_hi, m_new, l_i
+        V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT)
+    # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
+    acc = _dot(p.to(DT), v, acc * alpha[:, None], F32)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -167,7 +156,7 @@ def _prefill_attn_kernel(
     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
     s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -189,17 +178,15 @@ def _prefill_attn_kernel(
     head = kvh * GROUP + rows % GROUP
     row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     pos_m = ctx + tok
-    d = tl.arange(0, HALF_PAD)
-    qmask = row_ok[:, None] & (d < HALF)[None, :]
+    d = tl.arange(0, D_PAD)
+    qmask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     q_ptrs = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh + d[None, :]
-    q_lo = tl.load(q_ptrs, mask=qmask, other=0.0).to(DT)
-    q_hi = tl.load(q_ptrs + HALF, mask=qmask, other=0.0).to(DT)
+    q = tl.load(q_ptrs, mask=qmask, other=0.0).to(DT)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
     if K_MODE == 2:
         qk_scale = qk_scale * tl.load(kss_ptr + kvh)
-    acc_lo = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
-    acc_hi = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -212,20 +199,20 @@ def _prefill_attn_kernel(
         if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
             n0 = lo
             while n0 < hi:
-                acc_lo, acc_hi, m_i, l_i = _attend(
-                    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                acc, m_i, l_i = _attend(
+                    acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
-                    K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
+                    K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
                     BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
-                acc_lo, acc_hi, m_i, l_i = _attend(
-                    acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                acc, m_i, l_i = _attend(
+                    acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
-                    K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HALF, HALF_PAD,
+                    K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
                     BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32)
 
     inv_l = 1.0 / l_i
@@ -234,8 +221,7 @@ def _prefill_attn_kernel(
     if (V_MODE != 1) and (V_FMT == K_FMT_FP8E4M3 or V_FMT == K_FMT_FP8E5M2):
         inv_l = inv_l * fp8_f16_factor(V_FMT)
     o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
-    tl.store(o_ptrs, (acc_lo * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
-    tl.store(o_ptrs + HALF, (acc_hi * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
+    tl.store(o_ptrs, (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
 
 
 # ---- launcher --------------------------------------------------------------------------------
@@ -258,7 +244,7 @@ def pick_tile_config(head_dim: int, device: torch.device) -> TileConfig:
     """
     if INTERPRET or device.type != "cuda":
         return TileConfig(32, 16, 4, 1)
-    d_pad = 2 * max(16, triton.next_power_of_2(head_dim // 2))
+    d_pad = max(16, triton.next_power_of_2(head_dim))
     major, _ = torch.cuda.get_device_capability(device)
     if major >= 9:  # Hopper: wgmma over 2 warpgroups x 64 rows
         return TileConfig(64, 32, 8, 2) if d_pad > 128 else TileConfig(128, 64, 8, 3)
@@ -375,7 +361,6 @@ def prefill_paged_attention(
     o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rv is not None else out
 
     group = Hq // Hkv
-    half = D // 2
     cfg = config or pick_tile_config(D, q.device)
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
@@ -390,7 +375,7 @@ def prefill_paged_attention(
         q_in.stride(0), q_in.stride(1), o.stride(0), o.stride(1), bt.stride(0),
         *k_strides, *v_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
-        HALF=half, HALF_PAD=max(16, triton.next_power_of_2(half)),
+        HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
         DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
