@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         for item in formats:
             engine = build_engine(engine_args, item, max_model_len=max_len)
             try:
-                warm = random_prompts(2, LenRange(16, 256), LenRange(4, 4), loaded.model_config.vocab_size,
+                warm = random_prompts(2, LenRange(min(16, inp.lo), min(256, inp.hi)),
+                                      LenRange(min(4, outp.lo), min(4, outp.lo)), loaded.model_config.vocab_size,
                                       args.seed + 1)
                 run_requests(engine, warm, prefix="warmup", progress=False)
                 r = run_requests(engine, workload)

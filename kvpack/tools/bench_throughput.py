@@ -122,8 +122,9 @@ def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None)
         info = engine.kv_cache_info()
         workload = make_workload(args, engine.model_config, engine.tokenizer)
         if args.warmup_requests > 0:
-            warm = random_prompts(args.warmup_requests, LenRange(16, min(512, max(16, args.input_len.hi))),
-                                  LenRange(4, 4), engine.model_config.vocab_size, args.seed + 1)
+            lo, out = min(16, args.input_len.lo), min(4, args.output_len.lo)
+            warm = random_prompts(args.warmup_requests, LenRange(lo, max(lo, min(512, args.input_len.hi))),
+                                  LenRange(out, out), engine.model_config.vocab_size, args.seed + 1)
             run_requests(engine, warm, args.temperature, prefix="warmup", progress=False)
         row = {"kv_cache_dtype": item, "kv_cache_tokens": info["num_tokens"],
                "kv_bytes_per_token": info["bytes_per_token"], "kv_cache_gib": info["gib"],
