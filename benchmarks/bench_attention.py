@@ -183,27 +183,28 @@ def tune(shapes, formats, device, rep_ms, gen) -> list[dict]:
             lc, meta, q = make_case(fmt_name, shape, device, gen)
             nbytes = kv_bytes(lc, shape)
             base = choose_num_splits(shape.batch, shape.hkv, shape.context, 64, device)
-            split_opts = sorted({base, max(1, base // 2), base * 2})
             best = None
-            for block_n in (32, 64, 128):
-                for warps in (4, 8):
-                    for stages in (2, 3, 4):
-                        for splits in split_opts:
+            for block_n, warps in ((32, 4), (64, 4), (128, 4), (256, 4), (256, 8)):
+                for stages in (2, 3):
+                    for fast in (True, False):
+                        for splits in sorted({base, max(1, base // 2), base * 2}):
                             try:
                                 us = time_graph(lambda: decode_paged_attention(
                                     q, lc, meta, shape.head_dim ** -0.5, num_splits=splits, block_n=block_n,
-                                    num_warps=warps, num_stages=stages), rep_ms)
+                                    num_warps=warps, num_stages=stages, fast_cvt=fast), rep_ms)
                             except Exception as e:
                                 print(f"  tune fail {shape.name} {fmt_name} {block_n}/{warps}/{stages}/{splits}: "
                                       f"{type(e).__name__}", flush=True)
                                 continue
                             r = {"shape": shape.name, "format": fmt_name, "block_n": block_n, "warps": warps,
-                                 "stages": stages, "splits": splits, "us": us, "TBps": nbytes / us / 1e6}
+                                 "stages": stages, "splits": splits, "fast_cvt": fast, "us": us,
+                                 "TBps": nbytes / us / 1e6}
                             rows.append(r)
                             if best is None or us < best["us"]:
                                 best = r
             print(f"TUNE best {shape.name:18s} {fmt_name:12s} {best['us']:8.1f} us {best['TBps']:5.2f} TB/s "
-                  f"bn={best['block_n']} w={best['warps']} st={best['stages']} sp={best['splits']}", flush=True)
+                  f"bn={best['block_n']} w={best['warps']} st={best['stages']} sp={best['splits']} fast={best['fast_cvt']}",
+                  flush=True)
             del lc
     return rows
 

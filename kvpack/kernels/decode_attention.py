@@ -24,7 +24,8 @@ import triton.language as tl
 
 from kvpack.attention.kv_cache import CachePool, LayerKVCache
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, int4_to_f16, int8_to_f16,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
+    int4_to_f16, int8_to_f16,
 )
 
 _LOG2E = 1.4426950408889634
@@ -32,27 +33,35 @@ _INTERPRET_C = tl.constexpr(INTERPRET)
 
 
 @triton.jit
-def _load_raw(codes_ptr, c_row, nmask, FMT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+def _load_raw(codes_ptr, c_row, nmask, FMT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+              FAST: tl.constexpr):
     """Non-int4 tile [BLOCK_N, D_PAD], unscaled, dot-ready (float: storage dtype; else fp16)."""
     d = tl.arange(0, D_PAD)
     c = tl.load(codes_ptr + c_row[:, None] + d[None, :], mask=nmask[:, None] & (d < D)[None, :], other=0)
     if FMT == K_FMT_FLOAT:
         out = c
     elif FMT == K_FMT_INT8:
-        out = int8_to_f16(c)
-    else:
+        out = int8_to_f16(c) if FAST else c.to(tl.float16)
+    elif FAST:
         out = fp8_decode_f16(c, FMT)  # value / factor, exact
+    else:
+        out = fp8_decode_f16_bits(c, FMT)
     return out
 
 
 @triton.jit
 def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.constexpr,
-               HALF_PAD: tl.constexpr, G: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr):
+               HALF_PAD: tl.constexpr, G: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr,
+               FAST: tl.constexpr):
     """int4 tile as two fp16 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2, code * s + m."""
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF_PAD)
     b = tl.load(codes_ptr + c_row[:, None] + j[None, :], mask=nmask[:, None] & (j < HALF)[None, :], other=0)
-    lo, hi = int4_to_f16(b)
+    if FAST:
+        lo, hi = int4_to_f16(b)
+    else:
+        lo = int4_lo(b).to(tl.float16)
+        hi = int4_hi(b).to(tl.float16)
     if ALIGNED:  # D a power of two and groups never straddle the halves: broadcast group params
         NGH: tl.constexpr = HALF // G
         gi = tl.arange(0, NGH)
@@ -102,6 +111,7 @@ def _attend_tile(
     BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b)."""
     offs = n0 + tl.arange(0, BLOCK_N)
@@ -113,10 +123,10 @@ def _attend_tile(
     ks_row = blk * k_ss0 + h * k_ss1 + off * k_ss2
     if K_FMT == K_FMT_INT4:
         k_lo, k_hi = _load_int4(kc_ptr, ks_ptr, kz_ptr, kc_row, ks_row, nmask, D, HALF_PAD, K_G,
-                                K_ALIGNED, BLOCK_N)
+                                K_ALIGNED, BLOCK_N, FAST)
         s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
     else:
-        k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD)
+        k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD, FAST)
         s = _dot(q_a, tl.trans(k), K_DT)
         if K_FMT != K_FMT_FLOAT:
             if not K_STATIC:
@@ -133,12 +143,12 @@ def _attend_tile(
     vs_row = blk * v_ss0 + h * v_ss1 + off * v_ss2
     if V_FMT == K_FMT_INT4:
         v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
-                                V_ALIGNED, BLOCK_N)
+                                V_ALIGNED, BLOCK_N, FAST)
         pd = p.to(V_DT)
         acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
         acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
     else:
-        v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD)
+        v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
         if V_FMT != K_FMT_FLOAT and not V_STATIC:
             # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
             # keeps its range), and the tile scale into the [GROUP, D] product
@@ -163,7 +173,7 @@ def _decode_kernel(
     K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr, K_ALIGNED: tl.constexpr,
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
-    V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr,
+    V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -210,7 +220,7 @@ def _decode_kernel(
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT)
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
@@ -219,7 +229,7 @@ def _decode_kernel(
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT)
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
@@ -314,14 +324,15 @@ def _side_args(pool: CachePool) -> tuple[list, list]:
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
                       device: torch.device) -> int:
-    """Splits per sequence so that num_seqs * Hkv * splits fills the GPU (>= ~2 programs per SM),
-    each split keeping at least 4 tiles of work."""
+    """Splits per sequence so that num_seqs * Hkv * splits fills the GPU: ~2 programs per SM
+    (~4 with 32-token tiles), each split keeping at least 4 tiles of work."""
     work = num_seqs * num_kv_heads
     sms = _sm_count(device)
-    if work >= sms:
+    per_sm = 4 if block_n <= 32 else 2
+    if work >= sms and block_n > 32:
         return 1
     max_splits = max(1, triton.cdiv(max_seq_len, 4 * block_n))
-    return max(1, min(max_splits, triton.cdiv(2 * sms, work), 128))
+    return max(1, min(max_splits, triton.cdiv(per_sm * sms, work), 128))
 
 
 @dataclass
@@ -339,7 +350,7 @@ class DecodePlan:
 
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None) -> DecodePlan:
+                num_stages: int | None = None, fast_cvt: bool = True) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
@@ -358,9 +369,12 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     alloc = torch.empty if T == B else torch.zeros
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
 
-    if block_n is None:
-        block_n = max(block_size, 64 if D <= 128 else 32)
-    assert block_n % block_size == 0 or block_size % block_n == 0
+    int4 = "int4" in (kp.fmt.kind, vp.fmt.kind)
+    if block_n is None:  # measured on an H200 (benchmarks/bench_attention.py --tune)
+        block_n = 32 if int4 else (128 if D <= 128 else 64)
+    block_n = max(block_n, block_size)
+    num_warps = num_warps or 4
+    num_stages = num_stages or 2
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
     max_len = max(metadata.max_seq_len, 1)
@@ -378,15 +392,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     half_pad = triton.next_power_of_2(max(D // 2, 1))
     group_pad = max(16, triton.next_power_of_2(group))
     bt, qsl = metadata.block_tables, metadata.query_start_loc
-    options = {}
-    if num_warps is not None:
-        options["num_warps"] = num_warps
-    if num_stages is not None:
-        options["num_stages"] = num_stages
+    options = {"num_warps": num_warps, "num_stages": num_stages}
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0),
             *k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split,
             group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
-            *k_c, *v_c, INTERPRET]
+            *k_c, *v_c, INTERPRET, fast_cvt]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
@@ -404,6 +414,7 @@ def decode_paged_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    fast_cvt: bool = True,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -411,9 +422,10 @@ def decode_paged_attention(
     (codes [num_blocks, Hkv, block_size, code_width], scales/zeros [.., num_groups] fp16);
     metadata: `AttentionMetadata` (query_start_loc [B+1], seq_lens [B], block_tables [B, M] int32).
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
-    heuristics (tests and tuning).
+    heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
+    instead of the PTX byte permutes (for measuring).
     """
-    plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages)
+    plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)

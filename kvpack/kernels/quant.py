@@ -15,6 +15,7 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
     fp8_decode(code, FMT)              uint8 code -> float32, every code as torch decodes it
     fp8_decode_f16(code, FMT)          uint8 code -> float16 equal to value / fp8_f16_factor(FMT)
                                        (exact, subnormals included; e4m3 NaN codes not kept)
+    fp8_decode_f16_bits(code, FMT)     the same with plain Triton integer ops (no inline PTX)
     fp8_f16_factor(FMT)                2**8 for e4m3, 1 for e5m2 (fold it into the scale)
     int8_to_f16(c)                     int8 codes -> float16, exact
     int4_to_f16(b)                     packed bytes -> (low, high) nibbles as float16, exact
@@ -228,6 +229,17 @@ def int4_to_f16(b):
 
 
 @triton.jit
+def fp8_decode_f16_bits(code, FMT: tl.constexpr):
+    """`fp8_decode_f16` with plain Triton integer ops (runs everywhere, interpreter included)."""
+    c = code.to(tl.int8, bitcast=True).to(tl.int16)  # sign-extended
+    if FMT == K_FMT_FP8E4M3:
+        bits = (c << 7) & -16512  # 0xBF80: sign, 4 exponent bits, 3 mantissa bits
+    else:
+        bits = c << 8
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def fp8_decode_f16(code, FMT: tl.constexpr):
     """uint8 FP8 code -> float16 holding value / fp8_f16_factor(FMT), exactly (subnormals too).
 
@@ -236,12 +248,7 @@ def fp8_decode_f16(code, FMT: tl.constexpr):
     *sign here; `fp8_decode` keeps them NaN.
     """
     if _INTERPRET_C:
-        c = code.to(tl.int8, bitcast=True).to(tl.int16)  # sign-extended
-        if FMT == K_FMT_FP8E4M3:
-            bits = (c << 7) & -16512  # 0xBF80: sign, 4 exponent bits, 3 mantissa bits
-        else:
-            bits = c << 8
-        out = bits.to(tl.int16).to(tl.float16, bitcast=True)
+        out = fp8_decode_f16_bits(code, FMT)
     elif FMT == K_FMT_FP8E4M3:
         out = tl.inline_asm_elementwise(_ASM_E4M3_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
     else:
