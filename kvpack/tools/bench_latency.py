@@ -5,7 +5,10 @@ A batch of `--batch-size` requests with `--context`-token prompts decodes `--out
 find the prompts in the prefix cache, so their steps are (almost) all pure decode at that context.
 Only pure-decode steps are timed (a step's wall time includes the sampler's device sync). Reported:
 mean / median / p90 per-token latency, tokens/s, and the roofline unit of decode: GB/s of KV cache
-read (context x bytes per token x batch per step) next to the weights read.
+read (context x bytes per token x batch per step) next to the weights read, and the bytes one step
+reads relative to bf16 (weights + KV), the bandwidth bound of the latency ratio: at batch 1 an 8B
+model's 16 GB of weights dwarf a 32k context's 4 GiB of bf16 KV, so no format can cut the step by
+more than ~10% there; the KV share (and the gain) grows with context and batch.
 
     kvpack bench latency --model llama-3.1-8b --context 32768 --batch-size 1 --kv-cache-dtype bfloat16,int8
 """
@@ -27,7 +30,8 @@ from kvpack.tools.bench_common import (
 
 COLUMNS = [("kv_cache_dtype", "format", ""), ("context", "context", ",d"), ("batch_size", "batch", "d"),
            ("median_ms", "median ms/token", ".3f"), ("mean_ms", "mean ms", ".3f"), ("p90_ms", "p90 ms", ".3f"),
-           ("median_vs_bf16", "vs bf16", ".2f"), ("tokens_per_s", "tok/s", ",.0f"),
+           ("median_vs_bf16", "vs bf16", ".2f"), ("bytes_vs_bf16", "bytes vs bf16", ".2f"),
+           ("tokens_per_s", "tok/s", ",.0f"),
            ("kv_gb_s", "KV GB/s", ",.0f"), ("total_gb_s", "KV+weights GB/s", ",.0f"),
            ("ttft_ms", "prefill ms", ",.0f")]
 
@@ -92,6 +96,7 @@ def bench_format(args: argparse.Namespace, item: str) -> dict[str, Any]:
             "min_ms": 1000 * min(steps), "tokens_per_s": args.batch_size / med,
             "kv_gb_s": kv_bytes / med / 1e9, "total_gb_s": (kv_bytes + w_bytes) / med / 1e9,
             "kv_bytes_per_token": info["bytes_per_token"], "weight_bytes": w_bytes,
+            "bytes_per_step": kv_bytes + w_bytes,
             "ttft_ms": None if runs[0]["ttft"] is None else 1000 * runs[0]["ttft"],
             "kv_cache_tokens": info["num_tokens"], "all_blocks_free": engine.num_free_blocks == engine.num_total_blocks,
         }
@@ -108,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(bench_format(args, item))
         print(f"{item}: {rows[-1]['median_ms']:.3f} ms/token at {args.context:,} tokens of context", flush=True)
     add_ratios(rows, "median_ms", "median_vs_bf16")
+    add_ratios(rows, "bytes_per_step", "bytes_vs_bf16")  # the bandwidth bound of median_vs_bf16
     print(f"\nlatency: {args.model}, batch {args.batch_size}, context {args.context:,}, "
           f"{args.output_len} decode steps x {args.num_iters} iterations")
     print(format_table(rows, COLUMNS))
