@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.sweep:
         rows = []
-        default = pick_tile_config(d, dev)
+        default = pick_tile_config(d, dev, dtype)
         for prefix in prefixes:
             seq_len = prefix + chunk
             meta = AttentionMetadata.build([chunk], [seq_len], [table[: triton.cdiv(seq_len, bs)]], bs, dev)

@@ -2,8 +2,9 @@
 
 Oracle: `kvpack.attention.reference.paged_attention` on the same cache, computed in float32 from
 the same (fp16/fp32) q. Tolerances: fp32 operands (input_precision="ieee") 2e-5 abs (summation
-order only); fp16 operands 3e-3 abs (p and the dequantized V are rounded to fp16, 2^-11 relative,
-against outputs of magnitude <= ~3); bf16 (GPU only) 2e-2 abs. Unused cache slots are filled with
+order only); fp16 operands 3e-3 abs + 3e-3 rel (p, the dequantized K/V and the output are rounded
+to fp16, 2^-11 relative, against values of magnitude <= ~4); bf16 (GPU only) 2e-2 abs + 2e-2 rel
+(the same roundings at 2^-9). Unused cache slots are filled with
 NaN (float caches) or random codes and NaN scales, so a read outside the causal window shows.
 CPU runs go through the Triton interpreter (tests/conftest.py) on small shapes.
 """
@@ -23,7 +24,8 @@ from kvpack.formats import resolve_format
 from kvpack.kernels.prefill_attention import TileConfig, build_tile_map, prefill_paged_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+TOL = {torch.float32: dict(atol=2e-5, rtol=0), torch.float16: dict(atol=3e-3, rtol=3e-3),
+       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
 def _fill_garbage(pool) -> None:
@@ -97,18 +99,18 @@ FORMATS = [
 def test_formats_fp32_operands(k_name, v_name, static):
     """fp32 operands: the dequantization, paging and masking logic matches to rounding order."""
     out, ref = run_case(k_name, v_name, static=static, dtype=torch.float32, **MIXED)
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("k_name,v_name,static", FORMATS[1:] + [("float16", "float16", False)])
 def test_formats_fp16_operands(k_name, v_name, static):
     out, ref = run_case(k_name, v_name, static=static, dtype=torch.float16, seed=1, **MIXED)
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 def test_int4_without_rotation():
     out, ref = run_case("int4", "int4", rotate=False, dtype=torch.float16, **MIXED)
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 @pytest.mark.parametrize("hq,hkv", [(3, 3), (6, 2), (8, 2), (8, 1)])  # GQA 1, 3, 4, 8
@@ -117,7 +119,7 @@ def test_gqa_and_head_dims(hq, hkv, head_dim):
     k_name, v_name = ("int4", "int8") if head_dim != 128 else ("fp8_e4m3", "int4")
     out, ref = run_case(k_name, v_name, hq=hq, hkv=hkv, head_dim=head_dim, dtype=torch.float16,
                         q_lens=(13, 1, 1), seq_lens=(40, 23, 2), seed=head_dim + hq)
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -126,7 +128,7 @@ def test_tilings_and_block_sizes(block_size, cfg):
     """KV tiles smaller than, equal to and larger than a cache block; several q tiles per sequence."""
     out, ref = run_case("int8", "fp8_e5m2", block_size=block_size, config=cfg, dtype=torch.float32,
                         q_lens=(45, 1, 33), seq_lens=(77, 64, 33), hq=8, hkv=2, seed=block_size)
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 
 def test_causal_boundaries_every_offset():
@@ -136,20 +138,20 @@ def test_causal_boundaries_every_offset():
     q_lens = (5,) * 17 + (1,) * 17
     out, ref = run_case("int8", "float32", q_lens=q_lens, seq_lens=seq_lens, hq=2, hkv=1, dtype=torch.float32,
                         config=TileConfig(16, 16, 4, 1))
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 
 def test_float16_cache_long_prefix():
     out, ref = run_case("float16", "float16", q_lens=(7, 1), seq_lens=(130, 97), dtype=torch.float16,
                         config=TileConfig(32, 32, 4, 1))
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 def test_public_launcher_dispatches_mixed_batches_here():
     from kvpack.kernels import paged_attention
 
     out, ref = run_case("int4", "int4", dtype=torch.float16, attention=paged_attention, **MIXED)
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 def test_tile_map_enumerates_every_tile_once():
@@ -191,7 +193,7 @@ def test_gpu_large(fmt, head_dim):
     block_size = {64: 16, 80: 32, 96: 64, 128: 16, 256: 32}[head_dim]
     out, ref = run_case(name, name, static=static, head_dim=head_dim, hq=32, hkv=8, block_size=block_size,
                         dtype=torch.bfloat16, q_lens=(700, 1, 1, 300, 129), seq_lens=(1900, 800, 3, 300, 1153))
-    torch.testing.assert_close(out, ref, atol=TOL[torch.bfloat16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
@@ -200,11 +202,11 @@ def test_gpu_large(fmt, head_dim):
 def test_gpu_fp16_block_sizes(k_name, v_name, block_size):
     out, ref = run_case(k_name, v_name, head_dim=128, hq=28, hkv=4, block_size=block_size, dtype=torch.float16,
                         q_lens=(513, 1, 64), seq_lens=(2500, 77, 64))
-    torch.testing.assert_close(out, ref, atol=TOL[torch.float16], rtol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 @pytest.mark.gpu
 def test_gpu_fp32_operands():
     out, ref = run_case("int4", "int8", head_dim=128, hq=8, hkv=2, dtype=torch.float32,
                         q_lens=(200, 1), seq_lens=(450, 31))
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)

@@ -235,7 +235,7 @@ class TileConfig:
     num_stages: int
 
 
-def pick_tile_config(head_dim: int, device: torch.device) -> TileConfig:
+def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
     """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe).
 
     Chosen from ptxas reports of every format (no register spills on sm_90 for all head dims;
@@ -245,6 +245,8 @@ def pick_tile_config(head_dim: int, device: torch.device) -> TileConfig:
     if INTERPRET or device.type != "cuda":
         return TileConfig(32, 16, 4, 1)
     d_pad = max(16, triton.next_power_of_2(head_dim))
+    if dtype == torch.float32:  # FMA dots (input_precision="ieee") hold whole tiles in registers
+        return TileConfig(16, 16, 4, 1) if d_pad > 128 else TileConfig(32, 16, 4, 1)
     major, _ = torch.cuda.get_device_capability(device)
     if major >= 9:  # Hopper: wgmma over 2 warpgroups x 64 rows
         return TileConfig(64, 32, 8, 2) if d_pad > 128 else TileConfig(128, 64, 8, 3)
@@ -361,7 +363,7 @@ def prefill_paged_attention(
     o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rv is not None else out
 
     group = Hq // Hkv
-    cfg = config or pick_tile_config(D, q.device)
+    cfg = config or pick_tile_config(D, q.device, q.dtype)
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
