@@ -107,3 +107,20 @@ def test_profile_batch(tokens, seqs):
     lens = profile_batch(tokens, seqs)
     assert sum(lens) == tokens and len(lens) == min(seqs, tokens)
     assert max(lens) - min(lens) <= 1 and lens == sorted(lens, reverse=True)
+
+
+def test_cuda_branch_uses_profile(monkeypatch):
+    """The utilization path: budget = util * total - peak_torch - non_torch - graph reserve."""
+    import kvpack.engine.memory_planner as mp
+
+    prof = {"total": 140 * GiB, "peak_torch": 17 * GiB, "non_torch": GiB // 2, "num_tokens": 8192, "num_seqs": 256}
+    monkeypatch.setattr(mp, "profile_cuda_memory", lambda *a, **k: dict(prof))
+    cc = CacheConfig(kv_cache_dtype="int4", gpu_memory_utilization=0.5)
+    plan = plan_kv_cache(_loaded(), cc, "cuda", 256, 131072, 8192)
+    budget = int(0.5 * 140 * GiB) - 17 * GiB - GiB // 2 - mp.CUDA_GRAPH_RESERVE_BYTES
+    assert plan.budget_bytes == budget and plan.num_blocks == budget // (HAND_BPT["int4"] * 16)
+    assert plan.profile["graph_reserve"] == mp.CUDA_GRAPH_RESERVE_BYTES
+    assert "--gpu-memory-utilization 0.5" in plan.source
+    prof["peak_torch"] = 80 * GiB  # weights + activations past the utilization: a one-line error
+    with pytest.raises(ConfigError, match="no room for even one KV block"):
+        plan_kv_cache(_loaded(), cc, "cuda", 256, 131072, 8192)
