@@ -184,10 +184,10 @@ def tune(shapes, formats, device, rep_ms, gen) -> list[dict]:
             nbytes = kv_bytes(lc, shape)
             base = choose_num_splits(shape.batch, shape.hkv, shape.context, 64, device)
             best = None
-            for block_n, warps in ((32, 4), (64, 4), (128, 4), (256, 4), (256, 8)):
-                for stages in (2, 3):
-                    for fast in (True, False):
-                        for splits in sorted({base, max(1, base // 2), base * 2}):
+            for block_n, warps in ((128, 4), (128, 8), (256, 4), (256, 8)):
+                for stages in (1, 2):
+                    for fast in (True,):
+                        for splits in sorted({base, base * 2}):
                             try:
                                 us = time_graph(lambda: decode_paged_attention(
                                     q, lc, meta, shape.head_dim ** -0.5, num_splits=splits, block_n=block_n,

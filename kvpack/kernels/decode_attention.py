@@ -371,7 +371,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
 
     int4 = "int4" in (kp.fmt.kind, vp.fmt.kind)
     if block_n is None:  # measured on an H200 (benchmarks/bench_attention.py --tune)
-        block_n = 32 if int4 else (128 if D <= 128 else 64)
+        block_n = (256 if int4 else 128) if D <= 128 else 64
     block_n = max(block_n, block_size)
     num_warps = num_warps or 4
     num_stages = num_stages or 2
