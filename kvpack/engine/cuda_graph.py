@@ -15,8 +15,8 @@ max_model_len, larger batches (one split) a single graph at max_model_len.
 
 What this needs from the attention backend: no host syncs and no allocations whose size depends on
 tensor data (checked for kvpack.kernels: the cache write and decode launchers size everything from
-shapes and Python ints; rotation matrices and SM counts are cached by the eager warm-up passes). The PyTorch
-reference backend is not capturable (it reads lengths on the host), so graphs are off with it.
+shapes and Python ints; rotation matrices and SM counts are cached by the eager warm-up passes).
+The PyTorch reference backend is not capturable (it reads lengths on the host): graphs are off with it.
 
 Sizes: 1, 2, 4, 8, then every 16 up to min(max_num_seqs, max_num_batched_tokens, 512).
 """
