@@ -8,7 +8,7 @@
 #   tests.log     pytest -m gpu output           run.log   every benchmark's output
 # Knobs (environment): MODEL, DTYPE (bfloat16), KV_BUDGET (16GiB), KV_REQUESTS (256), KV_IN (2048:8192),
 # KV_OUT (256:512), SHORT_REQUESTS (256), SHORT_LEN (128), SHORT_FORMATS, KV_FORMATS, LAT_CONTEXT (32768),
-# LAT_BUDGET (8GiB), E2E_KV_REQUESTS (8), SUITE_BUDGET_S (480), PY (python3), QUICK=1 (a dry run: 64
+# LAT_BATCH (1), LAT_BUDGET (8GiB), E2E_KV_REQUESTS (8), SUITE_BUDGET_S (480), PY (python3), QUICK=1 (a dry run: 64
 # KV-bound requests, no transformers comparison). The criteria need the defaults.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,7 @@ KV_FORMATS=${KV_FORMATS:-bfloat16,int8,int4}
 SHORT_FORMATS=${SHORT_FORMATS:-bfloat16,int8,int4,fp8_e4m3,fp8_e5m2}
 LAT_CONTEXT=${LAT_CONTEXT:-32768}
 LAT_BUDGET=${LAT_BUDGET:-8GiB}
+LAT_BATCH=${LAT_BATCH:-1}
 DTYPE=${DTYPE:-bfloat16}
 KV_IN=${KV_IN:-2048:8192}
 KV_OUT=${KV_OUT:-256:512}
@@ -57,7 +58,7 @@ step capacity 30 "$PY" -m kvpack bench capacity --model "$MODEL" --kv-cache-memo
   --kv-cache-dtype bfloat16,int8,int4,fp8_e4m3,fp8_e5m2 --json "$W/capacity.json"
 
 step latency 75 "$PY" -m kvpack bench latency --model "$MODEL" --dtype "$DTYPE" --context "$LAT_CONTEXT" \
-  --batch-size 1 --output-len 32 --num-iters 2 --kv-cache-memory "$LAT_BUDGET" --kv-cache-dtype bfloat16,int8,int4 \
+  --batch-size "$LAT_BATCH" --output-len 32 --num-iters 2 --kv-cache-memory "$LAT_BUDGET" --kv-cache-dtype bfloat16,int8,int4 \
   --output-json "$W/latency.json"
 
 step short 110 "$PY" -m kvpack bench throughput --model "$MODEL" --dtype "$DTYPE" --num-prompts "$SHORT_REQUESTS" \
