@@ -16,11 +16,22 @@ from torch import nn
 
 from kvpack.config import ConfigError
 
+try:  # Triton kernels for CUDA tensors (same rounding as the PyTorch code below)
+    from kvpack.kernels import fused_ops as _fused
+except ImportError:  # no triton installed: PyTorch only
+    _fused = None
+
+
+def _use_fused(x: torch.Tensor) -> bool:
+    return _fused is not None and _fused.fused_ops_enabled(x)
+
 
 class RMSNorm(nn.Module):
     """y = weight * (x / sqrt(mean(x^2) + eps)), the normalization done in float32.
 
-    x: [..., hidden] any float dtype -> same shape and dtype.
+    forward(x) -> y; forward(x, residual) -> (rms_norm(x + residual), x + residual), the
+    residual add fused in (rounded to x's dtype, as transformers' separate add rounds).
+    x, residual: [..., hidden] any float dtype -> same shape and dtype.
     """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype | None = None) -> None:
@@ -28,11 +39,29 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if _use_fused(x):
+            if residual is None:
+                return _fused.rms_norm(x, self.weight, self.eps)
+            return _fused.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = x + residual
+            return self._norm(x), x
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [..., 2I] (gate | up) -> silu(gate) * up: [..., I]."""
+    if _use_fused(x):
+        return _fused.silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

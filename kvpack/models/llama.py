@@ -16,7 +16,7 @@ from kvpack.attention.kv_cache import KVCache, LayerKVCache
 from kvpack.attention.layer import Attention
 from kvpack.attention.metadata import AttentionMetadata
 from kvpack.config import ModelConfig
-from kvpack.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from kvpack.models.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
 
 class LlamaAttention(nn.Module):
@@ -58,8 +58,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -70,10 +69,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(cfg, dtype)
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                layer_cache: LayerKVCache | None, metadata: AttentionMetadata) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, layer_cache, metadata)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None,
+                rope: tuple[torch.Tensor, torch.Tensor], layer_cache: LayerKVCache | None,
+                metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (mlp output, residual stream before it): the next norm adds them (fused)."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x = self.self_attn(x, rope, layer_cache, metadata)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -116,10 +122,11 @@ class LlamaForCausalLM(nn.Module):
             metadata = _one_sequence(input_ids.shape[0], input_ids.device)
         h = self.model.embed_tokens(input_ids)
         rope = self.rotary.cos_sin(positions, h.dtype)  # shared by all layers
+        residual = None
         for i, layer in enumerate(self.model.layers):
             layer_cache = kv_cache.layers[i] if kv_cache is not None else None
-            h = layer(h, rope, layer_cache, metadata)
-        return self.model.norm(h)
+            h, residual = layer(h, residual, rope, layer_cache, metadata)
+        return self.model.norm(h, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head_weight).float()
