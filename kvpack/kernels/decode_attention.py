@@ -324,15 +324,15 @@ def _side_args(pool: CachePool) -> tuple[list, list]:
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
                       device: torch.device) -> int:
-    """Splits per sequence so that num_seqs * Hkv * splits fills the GPU: ~2 programs per SM
-    (~4 with 32-token tiles), each split keeping at least 4 tiles of work."""
+    """Splits per sequence when num_seqs * Hkv programs do not fill the GPU: at least ~2 programs
+    per SM and at most ~1024 tokens per split (H200 tuning), each split keeping >= 4 tiles."""
     work = num_seqs * num_kv_heads
     sms = _sm_count(device)
-    per_sm = 4 if block_n <= 32 else 2
-    if work >= sms and block_n > 32:
+    if work >= sms:
         return 1
     max_splits = max(1, triton.cdiv(max_seq_len, 4 * block_n))
-    return max(1, min(max_splits, triton.cdiv(per_sm * sms, work), 128))
+    want = max(triton.cdiv(2 * sms, work), triton.cdiv(max_seq_len, 1024))
+    return max(1, min(max_splits, want, 128))
 
 
 @dataclass
