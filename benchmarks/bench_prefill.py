@@ -31,9 +31,11 @@ import time
 import torch
 
 FORMATS = ["bfloat16", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2"]
-# --sweep: (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates around the heuristic table
-SWEEP = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 8, 3),
-         (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 8, 2)]
+# --sweep: (BLOCK_M, BLOCK_N, num_warps, num_stages, carry_block_ids) around the heuristic table
+# (carry None: the launcher's choice; True/False force the block-id prefetch, see _attend)
+SWEEP = [(128, 64, 8, 3, None), (128, 64, 8, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 2, None),
+         (128, 128, 8, 2, None), (128, 32, 8, 3, None), (64, 64, 4, 3, None), (64, 64, 4, 3, True),
+         (128, 64, 4, 3, None), (64, 32, 8, 2, None)]
 
 
 def env_info(argv: list[str], dev: torch.device) -> dict:
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"prefix": prefix, "format": f, "config": list(c), "us": us,
                                  "tflops": flops / us * 1e-6, "default": cfg == default,
                                  "max_abs_diff_vs_default": diff})
-                    print(f"prefix {prefix:5d} {f:16s} {str(c):18s} {us:9.1f} us {flops / us * 1e-6:6.1f} TFLOP/s "
+                    print(f"prefix {prefix:5d} {f:16s} {str(c):26s} {us:9.1f} us {flops / us * 1e-6:6.1f} TFLOP/s "
                           f"{'(default)' if cfg == default else ''} diff {diff:.1e}", flush=True)
         result = {"env": env_info(["benchmarks/bench_prefill.py"] + argv, dev),
                   "config": {**vars(args), "default_tile": list(vars(default).values())}, "sweep": rows}
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, fh, indent=1)
         with open(stem + ".md", "w") as fh:
             fh.write(f"# Prefill tile sweep ({result['env']['gpu']}, commit {result['env']['commit']})\n\n"
-                     "| prefix | format | BLOCK_M, BLOCK_N, warps, stages | us | TFLOP/s | default |\n"
+                     "| prefix | format | BLOCK_M, BLOCK_N, warps, stages, carry | us | TFLOP/s | default |\n"
                      "|---:|---|---|---:|---:|---|\n")
             for r in rows:
                 fh.write(f"| {r['prefix']} | {r['format']} | {r['config']} | {r['us']:.1f} | {r['tflops']:.1f} | "

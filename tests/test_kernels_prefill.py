@@ -123,7 +123,8 @@ def test_gqa_and_head_dims(hq, hkv, head_dim):
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("cfg", [TileConfig(16, 16, 4, 1), TileConfig(32, 32, 4, 1), TileConfig(64, 16, 4, 1)])
+@pytest.mark.parametrize("cfg", [TileConfig(16, 16, 4, 1, carry_block_ids=True), TileConfig(32, 32, 4, 1),
+                                 TileConfig(64, 16, 4, 1, carry_block_ids=False)])
 def test_tilings_and_block_sizes(block_size, cfg):
     """KV tiles smaller than, equal to and larger than a cache block; several q tiles per sequence."""
     out, ref = run_case("int8", "fp8_e5m2", block_size=block_size, config=cfg, dtype=torch.float32,
@@ -137,7 +138,7 @@ def test_causal_boundaries_every_offset():
     seq_lens = tuple(range(11, 28)) + tuple(range(1, 18))
     q_lens = (5,) * 17 + (1,) * 17
     out, ref = run_case("int8", "float32", q_lens=q_lens, seq_lens=seq_lens, hq=2, hkv=1, dtype=torch.float32,
-                        config=TileConfig(16, 16, 4, 1))
+                        config=TileConfig(16, 16, 4, 1, carry_block_ids=True))
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 

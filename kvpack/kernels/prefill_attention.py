@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kvpack.config import KVPackError
+from kvpack.formats import FMT_FLOAT
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, fp8_decode_f16, fp8_f16_factor, int4_hi, int4_lo,
 )
@@ -110,25 +111,39 @@ def _dot(a, b, acc, F32: tl.constexpr):
 
 # ---- the kernel ------------------------------------------------------------------------------
 @triton.jit
-def _attend(acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+def _block_ids(bt_row, n0, kv_end, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """Physical block of each key position n0 .. n0 + BLOCK_N - 1 ([BLOCK_N] int32; positions
+    past kv_end read the last valid entry, so the block table row is never overrun)."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    return tl.load(bt_row + tl.minimum(pos, kv_end - 1) // BLOCK_SIZE)
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
             kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
             s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
             s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
             K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_TOKEN: tl.constexpr, V_TOKEN: tl.constexpr,
             K_GS: tl.constexpr, V_GS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            MASKED: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr):
-    """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks)."""
+            MASKED: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr, CARRY: tl.constexpr):
+    """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks).
+
+    CARRY: blk holds this tile's block ids and the next tile's are returned with the new state,
+    so no K/V address depends on a load of the same iteration and the software pipeliner keeps
+    K/V copies num_stages - 1 tiles ahead (with the block table read in-iteration it waits for
+    each tile's copies at the top of its iteration). On sm_90 + Triton 3.6, carrying serializes
+    the wgmmas that read K/V straight from the copy buffers (float formats; ptxas C7515), so the
+    launcher carries by default only when both sides are dequantized through registers.
+    """
     pos_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = pos_n < kv_end
-    if MASKED:
-        blk = tl.load(bt_row + pos_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + pos_n // BLOCK_SIZE).to(tl.int64)
     off = (pos_n % BLOCK_SIZE).to(tl.int64)
+    ids = blk if CARRY else _block_ids(bt_row, n0, kv_end, BLOCK_N, BLOCK_SIZE)
+    ids = ids.to(tl.int64)
     k, k_col = _load_kv_tile(
-        kc_ptr, ks_ptr, kz_ptr, blk * s_kcb + kvh * s_kch + off * s_kct,
-        blk * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
+        kc_ptr, ks_ptr, kz_ptr, ids * s_kcb + kvh * s_kch + off * s_kct,
+        ids * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
         K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT)
     s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
     s = s * (k_col * qk_scale)
@@ -139,12 +154,13 @@ def _attend(acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     v, v_col = _load_kv_tile(
-        vc_ptr, vs_ptr, vz_ptr, blk * s_vcb + kvh * s_vch + off * s_vct,
-        blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
+        vc_ptr, vs_ptr, vz_ptr, ids * s_vcb + kvh * s_vch + off * s_vct,
+        ids * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
         V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT)
     # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
+    blk_next = _block_ids(bt_row, n0 + BLOCK_N, kv_end, BLOCK_N, BLOCK_SIZE)
     acc = _dot(p.to(DT), v, acc * alpha[:, None], F32)
-    return acc, m_new, l_i
+    return acc, m_new, l_i, blk_next
 
 
 @triton.jit
@@ -159,7 +175,7 @@ def _prefill_attn_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    CARRY: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
     pid = tl.program_id(0)
@@ -196,24 +212,25 @@ def _prefill_attn_kernel(
     for phase in tl.static_range(2):  # 0: tiles every row sees whole, 1: the diagonal (masked)
         lo = kv_full * phase
         hi = kv_full + (kv_end - kv_full) * phase
+        blk = _block_ids(bt_row, lo, kv_end, BLOCK_N, BLOCK_SIZE)
         if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
             n0 = lo
             while n0 < hi:
-                acc, m_i, l_i = _attend(
-                    acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                acc, m_i, l_i, blk = _attend(
+                    acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32, CARRY)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
-                acc, m_i, l_i = _attend(
-                    acc, m_i, l_i, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                acc, m_i, l_i, blk = _attend(
+                    acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32, CARRY)
 
     inv_l = 1.0 / l_i
     if V_MODE == 2:
@@ -233,6 +250,7 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    carry_block_ids: bool | None = None  # None: when K and V are both quantized (see _attend)
 
 
 def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
@@ -369,6 +387,9 @@ def prefill_paged_attention(
     tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
     k_ptrs, k_strides, k_fmt, k_mode, k_gs = _pool_args(kp)
     v_ptrs, v_strides, v_fmt, v_mode, v_gs = _pool_args(vp)
+    carry = cfg.carry_block_ids
+    if carry is None:
+        carry = k_fmt != FMT_FLOAT and v_fmt != FMT_FLOAT
     bt = metadata.block_tables
     grid = (tile_seq.numel(), Hkv)
     _prefill_attn_kernel[grid](
@@ -379,7 +400,7 @@ def prefill_paged_attention(
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
         HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
-        DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32, INTERPRET=INTERPRET,
+        DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if rv is not None:
