@@ -3,20 +3,24 @@
 Flash-attention-2 over the paged cache. One program owns a query tile of one sequence and one kv
 head; the `GROUP = Hq // Hkv` query heads sharing that kv head are folded into the M dimension
 (row r = token r // GROUP, head r % GROUP), so each K/V tile is read and dequantized once for all
-of them. Programs walk KV tiles of BLOCK_N tokens through the block table up to the causal limit of
-their tile: first the tiles every row sees in full (no masks), then the diagonal tiles (masked).
+of them. Programs find their sequence in a tile map built on the device (`build_tile_map`: no host
+sync, a grid that depends only on T and B) and walk KV tiles of BLOCK_N tokens through the block
+table up to the causal limit of their tile: first the tiles every row sees whole (no masks), then
+the diagonal ones (masked).
 
 Head dims that are not powers of two (80, 96) are padded to the next one with masks. int4 tiles
 are read as two contiguous runs of the packed bytes (low nibbles = channels [0, D/2), high =
-[D/2, D)), so every format yields one full-width tile and each product is one dot. Dot operands are in q's dtype (fp16 or
-bf16; fp32 q uses fp32 operands with input_precision="ieee") with fp32 accumulation; the online
-softmax runs in fp32 with exp2. Per-token scales (int8, fp8) and int4 scale/zero groups are
-applied in registers in fp32 on the K/V tile (value * scale [+ zero]) before rounding to the
-operand dtype: the scale vector then shares the tile's row layout (folding it into the score
-columns or into p needs it replicated in the MMA layout, which spilled registers on sm_90), and
-fp16 operands stay in the activations' range (p * scale would go subnormal). Static per-head
-scales and the fp8 decode factor are constants: applied to the softmax scale (K) and to the
-output (V). fp8 codes decode exactly to fp16 with integer ops (`kvpack.kernels.quant`).
+[D/2, D)), so every format yields one full-width tile and each product is one dot.
+
+Numerics: dot operands are in q's dtype (fp16 or bf16; fp32 q uses fp32 operands with
+input_precision="ieee") with fp32 accumulation; the online softmax runs in fp32 with exp2.
+Per-token scales (int8, fp8) and int4 scale/zero groups are applied in fp32 on the K/V tile
+(value * scale [+ zero]) before rounding to the operand dtype: the scale vector then shares the
+tile's row layout (folding it into the score columns or into p needs it replicated in the MMA
+layout, which spilled registers on sm_90), and fp16 operands stay in the activations' range
+(p * scale would go subnormal). Static per-head scales and the fp8 decode factor are constants,
+applied to the softmax scale (K) and to the output (V). fp8 codes decode exactly to fp16 with
+integer ops (`kvpack.kernels.quant`).
 
 Rotation (int4) happens around the kernel, as in the decode kernel: q @ R goes in when K rotates,
 and the output is multiplied by R when V rotates (torch matmuls; R @ R = I).
@@ -34,13 +38,13 @@ import triton.language as tl
 from kvpack.config import KVPackError
 from kvpack.formats import FMT_FLOAT
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, fp8_decode_f16, fp8_f16_factor, int4_hi, int4_lo,
+    INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, fp8_decode_f16, fp8_f16_factor, int4_hi,
+    int4_lo,
 )
 
 if TYPE_CHECKING:
     from kvpack.attention.kv_cache import CachePool, LayerKVCache
     from kvpack.attention.metadata import AttentionMetadata
-
 
 
 @triton.jit
@@ -73,7 +77,8 @@ def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
         # c - D/2: read each byte once per nibble (two contiguous runs, vectorizable)
         HALF: tl.constexpr = HEAD_DIM // 2
         high = d >= HALF
-        byte = _ld(codes_ptr + code_off[:, None] + tl.where(high, d - HALF, d)[None, :], msk, 0, HAS_MASK)
+        byte_idx = tl.where(high, d - HALF, d)
+        byte = _ld(codes_ptr + code_off[:, None] + byte_idx[None, :], msk, 0, HAS_MASK)
         x = tl.where(high[None, :], int4_hi(byte), int4_lo(byte)).to(tl.float32)
         if (HEAD_DIM == D_PAD) and (HEAD_DIM % GS == 0):  # pow2 dim: broadcast [N, NG] groups
             NG: tl.constexpr = HEAD_DIM // GS
@@ -253,7 +258,8 @@ class TileConfig:
     carry_block_ids: bool | None = None  # None: when K and V are both quantized (see _attend)
 
 
-def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> TileConfig:
+def pick_tile_config(head_dim: int, device: torch.device,
+                     dtype: torch.dtype = torch.bfloat16) -> TileConfig:
     """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe).
 
     Chosen from ptxas reports of every format (no register spills on sm_90 for all head dims;
@@ -285,6 +291,9 @@ def build_tile_map(query_start_loc: torch.Tensor, block_q: int, num_tokens: int
     num_seqs = query_start_loc.numel() - 1
     dev = query_start_loc.device
     grid = num_tokens // block_q + num_seqs
+    if num_seqs <= 0:
+        empty = torch.empty(0, dtype=torch.int32, device=dev)
+        return empty, empty
     q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
     n_tiles = (q_lens + block_q - 1) // block_q
     ends = torch.cumsum(n_tiles, 0)
@@ -358,7 +367,8 @@ def prefill_paged_attention(
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
-        raise KVPackError(f"q must be [T, Hq, D] float16/bfloat16/float32, got {tuple(q.shape)} {q.dtype}")
+        raise KVPackError(
+            f"q must be [T, Hq, D] float16/bfloat16/float32, got {tuple(q.shape)} {q.dtype}")
     T, Hq, D = q.shape
     Hkv = kp.num_kv_heads
     if D != kp.fmt.head_dim or D != vp.fmt.head_dim or D % 2:
