@@ -182,12 +182,12 @@ def tune(shapes, formats, device, rep_ms, gen) -> list[dict]:
         for fmt_name in formats:
             lc, meta, q = make_case(fmt_name, shape, device, gen)
             nbytes = kv_bytes(lc, shape)
-            base = choose_num_splits(shape.batch, shape.hkv, shape.context, 64, device)
+            base = choose_num_splits(shape.batch, shape.hkv, shape.context, 128, device)
             best = None
-            for block_n, warps in ((128, 4), (128, 8), (256, 4), (256, 8)):
-                for stages in (1, 2):
-                    for fast in (True,):
-                        for splits in sorted({base, base * 2}):
+            for block_n, warps in ((128, 4), (128, 8), (256, 4)):
+                for stages in (2,):
+                    for fast in (True, False):
+                        for splits in (base,):
                             try:
                                 us = time_graph(lambda: decode_paged_attention(
                                     q, lc, meta, shape.head_dim ** -0.5, num_splits=splits, block_n=block_n,

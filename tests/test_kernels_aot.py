@@ -26,21 +26,28 @@ _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", tor
        torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
 
 
-def signature(fn, args: list) -> tuple[dict, dict]:
-    """Triton signature and constexprs of a launch's positional args."""
-    sig, consts = {}, {}
+def signature(fn, args: list) -> tuple[dict, dict, dict]:
+    """Triton signature, constexprs and attrs of a launch's positional args. Like the JIT, pointers
+    aligned to 16 bytes and integers divisible by 16 carry tt.divisibility=16 (it enables vector
+    loads, so the AOT code is the code that runs)."""
+    sig, consts, attrs = {}, {}, {}
     for i, (name, a) in enumerate(zip(fn.arg_names, args)):
         if i in fn.constexprs:
             sig[name], consts[name] = "constexpr", a
-        elif isinstance(a, torch.Tensor):
+            continue
+        if isinstance(a, torch.Tensor):
             sig[name] = "*" + _TY[a.dtype]
+            aligned = a.data_ptr() % 16 == 0
         elif isinstance(a, bool):
-            sig[name] = "i1"
+            sig[name], aligned = "i1", False
         elif isinstance(a, int):
             sig[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+            aligned = a % 16 == 0
         else:
-            sig[name] = "fp32"
-    return sig, consts
+            sig[name], aligned = "fp32", False
+        if aligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
 
 
 def variants():
@@ -77,11 +84,11 @@ def compile_all(archs=(80, 86)) -> list[dict]:
 
     results = []
     for name, fn, args, opts in variants():
-        sig, consts = signature(fn, args)
+        sig, consts, attrs = signature(fn, args)
         for cc in archs:
             res = {"variant": name, "arch": f"sm_{cc}"}
             try:
-                ck = triton.compile(triton.compiler.ASTSource(fn, sig, consts), target=GPUTarget("cuda", cc, 32),
+                ck = triton.compile(triton.compiler.ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
                                     options=opts)
                 ptx = ck.asm["ptx"]
                 res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")),

@@ -212,7 +212,7 @@ def int8_to_f16(c):
     if _INTERPRET_C:
         out = c.to(tl.float16)
     else:
-        out = tl.inline_asm_elementwise(_ASM_INT8_F16, "=r,=r,r", [c], dtype=tl.float16, is_pure=True, pack=4)
+        out = tl.inline_asm_elementwise(_ASM_INT8_F16, "=r,=r,r", [c], dtype=tl.float16, is_pure=False, pack=4)
     return out
 
 
@@ -224,7 +224,7 @@ def int4_to_f16(b):
         hi = int4_hi(b).to(tl.float16)
     else:
         lo, hi = tl.inline_asm_elementwise(_ASM_INT4_F16, "=r,=r,=r,=r,r", [b], dtype=(tl.float16, tl.float16),
-                                           is_pure=True, pack=4)
+                                           is_pure=False, pack=4)
     return lo, hi
 
 
@@ -250,9 +250,9 @@ def fp8_decode_f16(code, FMT: tl.constexpr):
     if _INTERPRET_C:
         out = fp8_decode_f16_bits(code, FMT)
     elif FMT == K_FMT_FP8E4M3:
-        out = tl.inline_asm_elementwise(_ASM_E4M3_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
+        out = tl.inline_asm_elementwise(_ASM_E4M3_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=False, pack=4)
     else:
-        out = tl.inline_asm_elementwise(_ASM_E5M2_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
+        out = tl.inline_asm_elementwise(_ASM_E5M2_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=False, pack=4)
     return out
 
 
