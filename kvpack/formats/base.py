@@ -57,7 +57,10 @@ _STORAGE = {"int8": torch.int8, "int4": torch.uint8, "fp8_e4m3": torch.uint8, "f
 
 def dynamic_scale(absmax: torch.Tensor, qmax: float) -> torch.Tensor:
     """fp16(absmax / qmax), with 0 -> 1 (all-zero rows, or underflow). absmax: float32, any shape."""
-    s = (absmax.float() / qmax).to(SCALE_DTYPE)
+    # Divide by a tensor: torch turns a division by a Python scalar into a multiplication by its
+    # reciprocal on CUDA, which is not the IEEE division the format (and the kernels) define.
+    absmax = absmax.float()
+    s = (absmax / torch.full_like(absmax, float(qmax))).to(SCALE_DTYPE)
     return torch.where(s == 0, torch.ones_like(s), s)
 
 
