@@ -154,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.sweep:
         rows = []
-        default = pick_tile_config(d, dev, dtype)
         for prefix in prefixes:
             seq_len = prefix + chunk
             meta = AttentionMetadata.build([chunk], [seq_len], [table[: triton.cdiv(seq_len, bs)]], bs, dev)
             flops = 4 * hq * d * (chunk * prefix + chunk * (chunk + 1) // 2)
             for f in formats:
+                default = pick_tile_config(d, dev, dtype, not f.startswith(("bfloat16", "float")))
                 ref = prefill_paged_attention(q, layers[f], meta, scale, config=default).float()
                 for c in SWEEP:
                     cfg = TileConfig(*c)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"prefix {prefix:5d} {f:16s} {str(c):26s} {us:9.1f} us {flops / us * 1e-6:6.1f} TFLOP/s "
                           f"{'(default)' if cfg == default else ''} diff {diff:.1e}", flush=True)
         result = {"env": env_info(["benchmarks/bench_prefill.py"] + argv, dev),
-                  "config": {**vars(args), "default_tile": list(vars(default).values())}, "sweep": rows}
+                  "config": vars(args), "sweep": rows}
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"prefill_sweep{args.tag}")
         with open(stem + ".json", "w") as fh:

@@ -42,7 +42,7 @@ def _fill_garbage(pool) -> None:
 
 def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, block_size=16,
              dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV,
-             attention=None):
+             attention=None, q_scale=1.0):
     """Build a shuffled paged cache, write every position with the reference, attend with both.
     Returns (kernel output, reference output), both float32 [T, Hq, D]."""
     gen = torch.Generator().manual_seed(seed)
@@ -73,7 +73,7 @@ def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, bloc
     v = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
     reference.write_kv(k, v, layer, every.slot_mapping)
     meta = AttentionMetadata.build(list(q_lens), list(seq_lens), tables, block_size, device)
-    q = torch.randn(sum(q_lens), hq, head_dim, generator=gen).to(device=device, dtype=dtype)
+    q = (torch.randn(sum(q_lens), hq, head_dim, generator=gen) * q_scale).to(device=device, dtype=dtype)
     scale = head_dim ** -0.5
     ref = reference.paged_attention(q.float(), layer, meta, scale)
     if attention is not None:
@@ -106,6 +106,21 @@ def test_formats_fp32_operands(k_name, v_name, static):
 def test_formats_fp16_operands(k_name, v_name, static):
     out, ref = run_case(k_name, v_name, static=static, dtype=torch.float16, seed=1, **MIXED)
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
+
+
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int4"), ("fp8_e4m3", "fp8_e5m2"), ("int4", "int8")])
+def test_bf16_q_with_quantized_cache(k_name, v_name):
+    """bf16 models: quantized sides use fp16 operands (q converted in-kernel, exactly scaled by a
+    power of two); the output is rounded to bf16 (2^-9 relative)."""
+    out, ref = run_case(k_name, v_name, dtype=torch.bfloat16, seed=3, **MIXED)
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+
+
+def test_q_beyond_fp16_range():
+    """|q| up to ~4e5 (bf16 holds it, fp16 does not): the power-of-two rescale keeps it finite."""
+    out, ref = run_case("int8", "int8", dtype=torch.bfloat16, q_scale=4e4, seed=4, **MIXED)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
 
 
 def test_int4_without_rotation():

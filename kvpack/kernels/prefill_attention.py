@@ -8,19 +8,24 @@ sync, a grid that depends only on T and B) and walk KV tiles of BLOCK_N tokens t
 table up to the causal limit of their tile: first the tiles every row sees whole (no masks), then
 the diagonal ones (masked).
 
-Head dims that are not powers of two (80, 96) are padded to the next one with masks. int4 tiles
-are read as two contiguous runs of the packed bytes (low nibbles = channels [0, D/2), high =
-[D/2, D)), so every format yields one full-width tile and each product is one dot.
+Head dims that are not powers of two (80, 96) are padded to the next one with masks; every
+format yields one full-width tile, so each product is one dot.
 
-Numerics: dot operands are in q's dtype (fp16 or bf16; fp32 q uses fp32 operands with
-input_precision="ieee") with fp32 accumulation; the online softmax runs in fp32 with exp2.
-Per-token scales (int8, fp8) and int4 scale/zero groups are applied in fp32 on the K/V tile
-(value * scale [+ zero]) before rounding to the operand dtype: the scale vector then shares the
-tile's row layout (folding it into the score columns or into p needs it replicated in the MMA
-layout, which spilled registers on sm_90), and fp16 operands stay in the activations' range
-(p * scale would go subnormal). Static per-head scales and the fp8 decode factor are constants,
-applied to the softmax scale (K) and to the output (V). fp8 codes decode exactly to fp16 with
-integer ops (`kvpack.kernels.quant`).
+Numerics: accumulation is fp32 and the online softmax runs in fp32 with exp2. Dot operands:
+a 16-bit float cache side uses its own dtype (bf16 cache: bf16 q and p); a quantized side uses
+fp16 operands (fp32 when q is fp32, with input_precision="ieee"): codes become exact fp16 with
+integer ops (`kvpack.kernels.quant`: byte permutes for int8/int4, bit moves for fp8) and
+per-token scales (int4: per-group scale and zero) apply in packed fp16 with one rounding, so no
+per-element float conversion (a quarter-rate instruction on sm_80/90) is left in the loop. A
+bf16 q meeting an fp16 K side is converted once per program after an exact power-of-two
+rescale (|q| < 2^15; the factor joins the softmax scale). Dequantized K/V values must lie within
+fp16's range (|x| <= 65504; beyond it a tile overflows to inf: such models need a 16-bit cache).
+Static per-head scales and the fp8 factor are constants, applied to the softmax scale (K) and to
+the output (V).
+
+int4 tiles are a [BLOCK_N, D/2] byte tile decoded into its low and high nibbles and joined as
+columns [0, D_PAD/2) and [D_PAD/2, D_PAD); for head dims that are not powers of two, q is loaded
+and the output stored through the same column -> channel map (`_channel_of`).
 
 Rotation (int4) happens around the kernel, as in the decode kernel: q @ R goes in when K rotates,
 and the output is multiplied by R when V rotates (torch matmuls; R @ R = I).
@@ -39,7 +44,7 @@ from kvpack.config import KVPackError
 from kvpack.formats import FMT_FLOAT
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_f16_factor,
-    int4_hi, int4_lo, int8_to_f16,
+    int4_to_f16, int8_to_f16,
 )
 
 if TYPE_CHECKING:
@@ -56,10 +61,20 @@ def _ld(ptrs, mask, other, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _small_uint_to_f32(u):
-    """int32 in [0, 2**23) -> exact float32 without I2F (a quarter-rate conversion on sm_80/90):
-    OR the value under the exponent of 2**23, then subtract 2**23."""
-    return (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+def _channel_of(c, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, INT4: tl.constexpr):
+    """True channel of tile column c, and whether it exists: int4 tiles hold the low-nibble
+    channels in columns [0, D_PAD/2) and the high-nibble ones from D_PAD/2 (identity unless
+    D is not a power of 2)."""
+    if INT4:
+        HALF: tl.constexpr = HEAD_DIM // 2
+        HP: tl.constexpr = D_PAD // 2
+        jj = c % HP
+        ch = jj + (c // HP) * HALF
+        ok = jj < HALF
+    else:
+        ch = c
+        ok = c < HEAD_DIM
+    return ch, ok
 
 
 # ---- one K or V tile -------------------------------------------------------------------------
@@ -68,50 +83,61 @@ def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
                   FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, GS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_N: tl.constexpr, DT: tl.constexpr):
-    """Load BLOCK_N tokens of one kv head as a [BLOCK_N, D_PAD] tile in DT.
+    """Load BLOCK_N tokens of one kv head as a [BLOCK_N, D_PAD] tile in DT (the side's operand
+    dtype: fp16 for quantized formats, fp32 under F32).
 
     code_off / scale_off: [BLOCK_N] int64 element offsets of each token's codes / scale groups.
-    Per-token scales (and int4 zeros) are applied in registers, in float32. Returns (x, c): the
-    tile's values are x * c, c a constant (1.0, or the fp8 factor when the format has no
-    per-token scale to carry it).
+    Codes become exact DT values with integer ops; per-token scales (and int4 zeros) are applied
+    in DT (one rounding, as from fp32). Returns (x, c): the tile's values are x * c, c a constant
+    (1.0, or the fp8 factor when the format has no per-token scale to carry it).
     """
     d = tl.arange(0, D_PAD)
     HAS_MASK: tl.constexpr = MASK_N or (HEAD_DIM != D_PAD)
     msk = (d < HEAD_DIM)[None, :] & n_mask[:, None]
     col = 1.0
     if FMT == K_FMT_INT4:
-        # channel c < D/2 is the low nibble of byte c, channel c >= D/2 the high nibble of byte
-        # c - D/2: read each byte once per nibble (two contiguous runs, vectorizable)
+        # byte j holds channel j (low nibble) and channel j + D/2 (high): decode both halves of
+        # a [BLOCK_N, D_PAD / 2] byte tile and join them as columns [0, D_PAD/2) and
+        # [D_PAD/2, D_PAD) (`_channel_of` maps columns to channels when D is not a power of 2)
         HALF: tl.constexpr = HEAD_DIM // 2
-        high = d >= HALF
-        byte_idx = tl.where(high, d - HALF, d)
-        byte = _ld(codes_ptr + code_off[:, None] + byte_idx[None, :], msk, 0, HAS_MASK)
-        nib = tl.where(high[None, :], int4_hi(byte), int4_lo(byte))
-        x = _small_uint_to_f32(nib)
-        if (HEAD_DIM == D_PAD) and (HEAD_DIM % GS == 0):  # pow2 dim: broadcast [N, NG] groups
-            NG: tl.constexpr = HEAD_DIM // GS
-            sp = scale_off[:, None] + tl.arange(0, NG)[None, :]
-            sc = _ld(scales_ptr + sp, n_mask[:, None], 1.0, MASK_N).to(tl.float32)
-            zr = _ld(zeros_ptr + sp, n_mask[:, None], 0.0, MASK_N).to(tl.float32)
-            sc = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, NG, GS)), (BLOCK_N, HEAD_DIM))
-            zr = tl.reshape(tl.broadcast_to(zr[:, :, None], (BLOCK_N, NG, GS)), (BLOCK_N, HEAD_DIM))
+        HP: tl.constexpr = D_PAD // 2
+        j = tl.arange(0, HP)
+        jm = (j < HALF)[None, :] & n_mask[:, None]
+        HAS_JMASK: tl.constexpr = MASK_N or (HALF != HP)
+        lo, hi = int4_to_f16(_ld(codes_ptr + code_off[:, None] + j[None, :], jm, 0, HAS_JMASK))
+        if (HALF == HP) and (HALF % GS == 0):  # whole groups per half: broadcast [N, NG/2]
+            NGH: tl.constexpr = HALF // GS
+            sp = scale_off[:, None] + tl.arange(0, NGH)[None, :]
+            s_lo = _ld(scales_ptr + sp, n_mask[:, None], 1.0, MASK_N).to(DT)
+            s_hi = _ld(scales_ptr + sp + NGH, n_mask[:, None], 1.0, MASK_N).to(DT)
+            z_lo = _ld(zeros_ptr + sp, n_mask[:, None], 0.0, MASK_N).to(DT)
+            z_hi = _ld(zeros_ptr + sp + NGH, n_mask[:, None], 0.0, MASK_N).to(DT)
+            s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
+            s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
+            z_lo = tl.reshape(tl.broadcast_to(z_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
+            z_hi = tl.reshape(tl.broadcast_to(z_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
         else:  # head dims 80, 96: gather each channel's group
-            sp = scale_off[:, None] + (d // GS)[None, :]
-            sc = _ld(scales_ptr + sp, msk, 1.0, HAS_MASK).to(tl.float32)
-            zr = _ld(zeros_ptr + sp, msk, 0.0, HAS_MASK).to(tl.float32)
-        x = x * sc + zr
+            sp_lo = scale_off[:, None] + (j // GS)[None, :]
+            sp_hi = scale_off[:, None] + ((j + HALF) // GS)[None, :]
+            s_lo = _ld(scales_ptr + sp_lo, jm, 1.0, HAS_JMASK).to(DT)
+            s_hi = _ld(scales_ptr + sp_hi, jm, 1.0, HAS_JMASK).to(DT)
+            z_lo = _ld(zeros_ptr + sp_lo, jm, 0.0, HAS_JMASK).to(DT)
+            z_hi = _ld(zeros_ptr + sp_hi, jm, 0.0, HAS_JMASK).to(DT)
+        lo = lo.to(DT) * s_lo + z_lo
+        hi = hi.to(DT) * s_hi + z_hi
+        x = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_N, D_PAD))
     else:
         x = _ld(codes_ptr + code_off[:, None] + d[None, :], msk, 0, HAS_MASK)
         if FMT == K_FMT_INT8:
-            x = int8_to_f16(x)  # exact, packed byte permutes (no quarter-rate I2F)
+            x = int8_to_f16(x)  # exact, packed byte permutes
         if FMT == K_FMT_FP8E4M3 or FMT == K_FMT_FP8E5M2:
             # exact fp16 values divided by the fp8 factor (e4m3 NaN codes are not kept: finite
             # inputs never produce them); the factor joins the scale
             x = fp8_decode_f16(x, FMT)
             col = fp8_f16_factor(FMT)
         if TOKEN_SCALE:
-            col = col * _ld(scales_ptr + scale_off, n_mask, 1.0, MASK_N).to(tl.float32)
-            x = x.to(tl.float32) * col[:, None]
+            sc = (_ld(scales_ptr + scale_off, n_mask, 1.0, MASK_N).to(tl.float32) * col).to(DT)
+            x = x.to(DT) * sc[:, None]
             col = 1.0
     return x.to(DT), col
 
@@ -141,7 +167,8 @@ def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
             K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_TOKEN: tl.constexpr, V_TOKEN: tl.constexpr,
             K_GS: tl.constexpr, V_GS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            MASKED: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr, CARRY: tl.constexpr):
+            MASKED: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr, F32: tl.constexpr,
+            CARRY: tl.constexpr):
     """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks).
 
     CARRY: blk holds this tile's block ids and the next tile's are returned with the new state,
@@ -159,7 +186,7 @@ def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
     k, k_col = _load_kv_tile(
         kc_ptr, ks_ptr, kz_ptr, ids * s_kcb + kvh * s_kch + off * s_kct,
         ids * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
-        K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT)
+        K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_K)
     s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
     s = s * (k_col * qk_scale)
     if MASKED:
@@ -171,10 +198,10 @@ def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
     v, v_col = _load_kv_tile(
         vc_ptr, vs_ptr, vz_ptr, ids * s_vcb + kvh * s_vch + off * s_vct,
         ids * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
-        V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT)
+        V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_V)
     # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
     blk_next = _block_ids(bt_row, n0 + BLOCK_N, kv_end, BLOCK_N, BLOCK_SIZE)
-    acc = _dot(p.to(DT), v, acc * alpha[:, None], F32)
+    acc = _dot(p.to(DT_V), v, acc * alpha[:, None], F32)
     return acc, m_new, l_i, blk_next
 
 
@@ -189,7 +216,8 @@ def _prefill_attn_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
-    K_GS: tl.constexpr, V_GS: tl.constexpr, DT: tl.constexpr, F32: tl.constexpr,
+    K_GS: tl.constexpr, V_GS: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr,
+    Q_SHIFT: tl.constexpr, F32: tl.constexpr,
     CARRY: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
@@ -210,11 +238,17 @@ def _prefill_attn_kernel(
     row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     pos_m = ctx + tok
     d = tl.arange(0, D_PAD)
-    qmask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-    q_ptrs = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh + d[None, :]
-    q = tl.load(q_ptrs, mask=qmask, other=0.0).to(DT)
+    ch, ok = _channel_of(d, HEAD_DIM, D_PAD, K_FMT == K_FMT_INT4)  # q columns follow K's tile
+    q_ptrs = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh + ch[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & ok[None, :], other=0.0)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
+    if Q_SHIFT:  # bf16 q -> fp16 operands: scale by 2^-e (exact) so that |q| stays below 2^15
+        qf = q.to(tl.float32)
+        e = tl.maximum(tl.ceil(tl.log2(tl.max(tl.max(tl.abs(qf), 1), 0))) - 15.0, 0.0).to(tl.int32)
+        q = qf * ((127 - e) << 23).to(tl.float32, bitcast=True)
+        qk_scale = qk_scale * ((127 + e) << 23).to(tl.float32, bitcast=True)
+    q = q.to(DT_K)
     if K_MODE == 2:
         qk_scale = qk_scale * tl.load(kss_ptr + kvh)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -236,7 +270,7 @@ def _prefill_attn_kernel(
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32, CARRY)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
@@ -245,15 +279,17 @@ def _prefill_attn_kernel(
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT, F32, CARRY)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY)
 
     inv_l = 1.0 / l_i
     if V_MODE == 2:
         inv_l = inv_l * tl.load(vss_ptr + kvh)
     if (V_MODE != 1) and (V_FMT == K_FMT_FP8E4M3 or V_FMT == K_FMT_FP8E5M2):
         inv_l = inv_l * fp8_f16_factor(V_FMT)
-    o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
-    tl.store(o_ptrs, (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=qmask)
+    ch, ok = _channel_of(d, HEAD_DIM, D_PAD, V_FMT == K_FMT_INT4)  # acc columns follow V's tile
+    o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + ch[None, :]
+    o = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)
+    tl.store(o_ptrs, o, mask=row_ok[:, None] & ok[None, :])
 
 
 # ---- launcher --------------------------------------------------------------------------------
@@ -268,8 +304,8 @@ class TileConfig:
     carry_block_ids: bool | None = None  # None: when K and V are both quantized (see _attend)
 
 
-def pick_tile_config(head_dim: int, device: torch.device,
-                     dtype: torch.dtype = torch.bfloat16) -> TileConfig:
+def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                     quantized: bool = False) -> TileConfig:
     """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe).
 
     Chosen from ptxas reports of every format (no register spills on sm_90 for all head dims;
@@ -283,7 +319,9 @@ def pick_tile_config(head_dim: int, device: torch.device,
         return TileConfig(16, 16, 4, 1) if d_pad > 128 else TileConfig(32, 16, 4, 1)
     major, _ = torch.cuda.get_device_capability(device)
     if major >= 9:  # Hopper: wgmma over 2 warpgroups x 64 rows
-        return TileConfig(64, 32, 8, 2) if d_pad > 128 else TileConfig(128, 64, 8, 3)
+        if d_pad > 128:
+            return TileConfig(128, 16, 8, 2) if quantized else TileConfig(64, 32, 8, 2)
+        return TileConfig(128, 64, 8, 3)
     if d_pad > 128:  # Ampere / Ada: mma.sync keeps q and the accumulator in registers
         return TileConfig(32, 16, 4, 2)
     return TileConfig(128, 64, 8, 2) if d_pad <= 64 else TileConfig(128, 32, 8, 2)
@@ -317,6 +355,17 @@ def build_tile_map(query_start_loc: torch.Tensor, block_q: int, num_tokens: int
 
 _MODES = {"none": 0, "token": 1, "static": 2}
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _operand_dtype(fmt, q_dtype: torch.dtype) -> torch.dtype:
+    """Dot operand dtype for one side: fp32 under fp32 q; a 16-bit float cache as stored;
+    quantized formats fp16 (codes decode to fp16 exactly with integer ops and scales apply in
+    packed fp16; bf16 would need a quarter-rate conversion per element)."""
+    if q_dtype == torch.float32:
+        return torch.float32
+    if fmt.kind == "float":
+        return fmt.storage_dtype if fmt.storage_dtype in (torch.float16, torch.bfloat16) else q_dtype
+    return torch.float16
 
 
 def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
@@ -372,8 +421,8 @@ def prefill_paged_attention(
     scale: softmax scale (usually D ** -0.5).
     out: optional [T, Hq, D] in q's dtype. Rows past query_start_loc[-1] (padding) are unspecified.
     config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
-    Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R goes in when K rotates (rounded
-    to q's dtype), and the float32 output is multiplied by R when V rotates.
+    Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R (float32) goes in when K rotates,
+    and the float32 output is multiplied by R when V rotates.
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
@@ -395,18 +444,20 @@ def prefill_paged_attention(
     if T == 0 or num_seqs == 0:
         return out
     rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
-    q_in = (q.float() @ rk).to(q.dtype) if rk is not None else q
+    q_in = q.float() @ rk if rk is not None else q  # fp32: rounded once, to the operand dtype
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
     o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rv is not None else out
 
     group = Hq // Hkv
-    cfg = config or pick_tile_config(D, q.device, q.dtype)
+    quantized = kp.fmt.kind != "float" or vp.fmt.kind != "float"
+    cfg = config or pick_tile_config(D, q.device, q.dtype, quantized)
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
     k_ptrs, k_strides, k_fmt, k_mode, k_gs = _pool_args(kp)
     v_ptrs, v_strides, v_fmt, v_mode, v_gs = _pool_args(vp)
+    dt_k, dt_v = _operand_dtype(kp.fmt, q.dtype), _operand_dtype(vp.fmt, q.dtype)
     carry = cfg.carry_block_ids
     if carry is None:
         carry = k_fmt != FMT_FLOAT and v_fmt != FMT_FLOAT
@@ -420,7 +471,9 @@ def prefill_paged_attention(
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
         HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
-        DT=_DOT_DTYPES[q.dtype], F32=q.dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
+        DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
+        Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
+        F32=q.dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if rv is not None:
