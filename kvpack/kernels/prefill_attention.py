@@ -200,9 +200,10 @@ def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
         ids * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
         V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_V)
     # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
-    blk_next = _block_ids(bt_row, n0 + BLOCK_N, kv_end, BLOCK_N, BLOCK_SIZE)
+    if CARRY:
+        blk = _block_ids(bt_row, n0 + BLOCK_N, kv_end, BLOCK_N, BLOCK_SIZE)
     acc = _dot(p.to(DT_V), v, acc * alpha[:, None], F32)
-    return acc, m_new, l_i, blk_next
+    return acc, m_new, l_i, blk
 
 
 @triton.jit
