@@ -91,7 +91,7 @@ FORMATS = [
     ("float32", "float32", False), ("int8", "int8", False), ("int8", "int8", True),
     ("int4", "int4", False), ("fp8_e4m3", "fp8_e4m3", False), ("fp8_e5m2", "fp8_e5m2", False),
     ("fp8_e4m3", "fp8_e5m2", True), ("int4", "fp8_e4m3", False), ("int8", "int4", False),
-    ("fp8_e5m2", "float32", False),
+    ("fp8_e5m2", "float32", False), ("float32", "int4", False),
 ]
 
 

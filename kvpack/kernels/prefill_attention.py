@@ -79,21 +79,71 @@ def _channel_of(c, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, INT4: tl.constex
 
 # ---- one K or V tile -------------------------------------------------------------------------
 @triton.jit
-def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
-                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, GS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_N: tl.constexpr, DT: tl.constexpr):
-    """Load BLOCK_N tokens of one kv head as a [BLOCK_N, D_PAD] tile in DT (the side's operand
-    dtype: fp16 for quantized formats, fp32 under F32).
+def _tile_scales(scales_ptr, zeros_ptr, scale_off, n_mask, FMT: tl.constexpr,
+                 TOKEN_SCALE: tl.constexpr, GS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 D_PAD: tl.constexpr):
+    """Scale data of one K or V tile, fp16 as stored (past kv_end: scale 1, zero 0).
 
-    code_off / scale_off: [BLOCK_N] int64 element offsets of each token's codes / scale groups.
-    Codes become exact DT values with integer ops; per-token scales (and int4 zeros) are applied
-    in DT (one rounding, as from fp32). Returns (x, c): the tile's values are x * c, c a constant
-    (1.0, or the fp8 factor when the format has no per-token scale to carry it).
+    scale_off: [BLOCK_N] int64 offsets of each token's scale groups. Returns (s0, s1, z0, z1):
+    int4 -> scales and zeros of the low / high half ([N, groups per half], or [N, D_PAD/2] one
+    per channel when groups straddle the halves); per-token int8/fp8 -> (s [N], 0, 0, 0);
+    otherwise zeros.
+    """
+    s0 = 0.0
+    s1 = 0.0
+    z0 = 0.0
+    z1 = 0.0
+    if FMT == K_FMT_INT4:
+        HALF: tl.constexpr = HEAD_DIM // 2
+        HP: tl.constexpr = D_PAD // 2
+        if (HALF == HP) and (HALF % GS == 0):  # whole groups per half
+            NGH: tl.constexpr = HALF // GS
+            sp = scale_off[:, None] + tl.arange(0, NGH)[None, :]
+            m = n_mask[:, None]
+        else:  # head dims 80, 96: each channel's group
+            j = tl.arange(0, HP)
+            NGH: tl.constexpr = 0
+            sp = scale_off[:, None] + (j // GS)[None, :]
+            sp1 = scale_off[:, None] + ((j + HALF) // GS)[None, :]
+            m = (j < HALF)[None, :] & n_mask[:, None]
+        s0 = tl.load(scales_ptr + sp, mask=m, other=1.0)
+        z0 = tl.load(zeros_ptr + sp, mask=m, other=0.0)
+        if NGH > 0:
+            s1 = tl.load(scales_ptr + sp + NGH, mask=m, other=1.0)
+            z1 = tl.load(zeros_ptr + sp + NGH, mask=m, other=0.0)
+        else:
+            s1 = tl.load(scales_ptr + sp1, mask=m, other=1.0)
+            z1 = tl.load(zeros_ptr + sp1, mask=m, other=0.0)
+    elif TOKEN_SCALE:
+        s0 = tl.load(scales_ptr + scale_off, mask=n_mask, other=1.0)
+    return s0, s1, z0, z1
+
+
+@triton.jit
+def _widen(g, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, DT: tl.constexpr):
+    """[N, G] group values -> [N, WIDTH] (each repeated WIDTH // G times) in DT."""
+    G: tl.constexpr = g.shape[1]
+    if G == WIDTH:
+        out = g.to(DT)
+    else:
+        out = tl.reshape(tl.broadcast_to(g.to(DT)[:, :, None], (BLOCK_N, G, WIDTH // G)), (BLOCK_N, WIDTH))
+    return out
+
+
+@triton.jit
+def _load_kv_tile(codes_ptr, code_off, n_mask, s0, s1, z0, z1,
+                  FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr,
+                  DT: tl.constexpr):
+    """Load BLOCK_N tokens of one kv head as a [BLOCK_N, D_PAD] tile in DT (the side's operand
+    dtype: fp16 for quantized formats, fp32 under F32); s0, s1, z0, z1 from `_tile_scales`.
+
+    code_off: [BLOCK_N] int64 element offsets of each token's codes. Codes become exact DT values
+    with integer ops; per-token scales (and int4 zeros) are applied in DT (one rounding, as from
+    fp32). Returns (x, c): the tile's values are x * c, c a constant (1.0, or the fp8 factor when
+    the format has no per-token scale to carry it).
     """
     d = tl.arange(0, D_PAD)
-    HAS_MASK: tl.constexpr = MASK_N or (HEAD_DIM != D_PAD)
-    msk = (d < HEAD_DIM)[None, :] & n_mask[:, None]
     col = 1.0
     if FMT == K_FMT_INT4:
         # byte j holds channel j (low nibble) and channel j + D/2 (high): decode both halves of
@@ -103,31 +153,14 @@ def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
         HP: tl.constexpr = D_PAD // 2
         j = tl.arange(0, HP)
         jm = (j < HALF)[None, :] & n_mask[:, None]
-        HAS_JMASK: tl.constexpr = MASK_N or (HALF != HP)
-        lo, hi = int4_to_f16(_ld(codes_ptr + code_off[:, None] + j[None, :], jm, 0, HAS_JMASK))
-        if (HALF == HP) and (HALF % GS == 0):  # whole groups per half: broadcast [N, NG/2]
-            NGH: tl.constexpr = HALF // GS
-            sp = scale_off[:, None] + tl.arange(0, NGH)[None, :]
-            s_lo = _ld(scales_ptr + sp, n_mask[:, None], 1.0, MASK_N).to(DT)
-            s_hi = _ld(scales_ptr + sp + NGH, n_mask[:, None], 1.0, MASK_N).to(DT)
-            z_lo = _ld(zeros_ptr + sp, n_mask[:, None], 0.0, MASK_N).to(DT)
-            z_hi = _ld(zeros_ptr + sp + NGH, n_mask[:, None], 0.0, MASK_N).to(DT)
-            s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
-            s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
-            z_lo = tl.reshape(tl.broadcast_to(z_lo[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
-            z_hi = tl.reshape(tl.broadcast_to(z_hi[:, :, None], (BLOCK_N, NGH, GS)), (BLOCK_N, HP))
-        else:  # head dims 80, 96: gather each channel's group
-            sp_lo = scale_off[:, None] + (j // GS)[None, :]
-            sp_hi = scale_off[:, None] + ((j + HALF) // GS)[None, :]
-            s_lo = _ld(scales_ptr + sp_lo, jm, 1.0, HAS_JMASK).to(DT)
-            s_hi = _ld(scales_ptr + sp_hi, jm, 1.0, HAS_JMASK).to(DT)
-            z_lo = _ld(zeros_ptr + sp_lo, jm, 0.0, HAS_JMASK).to(DT)
-            z_hi = _ld(zeros_ptr + sp_hi, jm, 0.0, HAS_JMASK).to(DT)
-        lo = lo.to(DT) * s_lo + z_lo
-        hi = hi.to(DT) * s_hi + z_hi
+        lo, hi = int4_to_f16(_ld(codes_ptr + code_off[:, None] + j[None, :], jm, 0,
+                                 MASK_N or (HALF != HP)))
+        lo = lo.to(DT) * _widen(s0, BLOCK_N, HP, DT) + _widen(z0, BLOCK_N, HP, DT)
+        hi = hi.to(DT) * _widen(s1, BLOCK_N, HP, DT) + _widen(z1, BLOCK_N, HP, DT)
         x = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_N, D_PAD))
     else:
-        x = _ld(codes_ptr + code_off[:, None] + d[None, :], msk, 0, HAS_MASK)
+        msk = (d < HEAD_DIM)[None, :] & n_mask[:, None]
+        x = _ld(codes_ptr + code_off[:, None] + d[None, :], msk, 0, MASK_N or (HEAD_DIM != D_PAD))
         if FMT == K_FMT_INT8:
             x = int8_to_f16(x)  # exact, packed byte permutes
         if FMT == K_FMT_FP8E4M3 or FMT == K_FMT_FP8E5M2:
@@ -136,8 +169,7 @@ def _load_kv_tile(codes_ptr, scales_ptr, zeros_ptr, code_off, scale_off, n_mask,
             x = fp8_decode_f16(x, FMT)
             col = fp8_f16_factor(FMT)
         if TOKEN_SCALE:
-            sc = (_ld(scales_ptr + scale_off, n_mask, 1.0, MASK_N).to(tl.float32) * col).to(DT)
-            x = x.to(DT) * sc[:, None]
+            x = x.to(DT) * (s0.to(tl.float32) * col).to(DT)[:, None]
             col = 1.0
     return x.to(DT), col
 
@@ -153,14 +185,20 @@ def _dot(a, b, acc, F32: tl.constexpr):
 # ---- the kernel ------------------------------------------------------------------------------
 @triton.jit
 def _block_ids(bt_row, n0, kv_end, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """Physical block of each key position n0 .. n0 + BLOCK_N - 1 ([BLOCK_N] int32; positions
+    """Physical block of each key position n0 .. n0 + BLOCK_N - 1 ([BLOCK_N] int64; positions
     past kv_end read the last valid entry, so the block table row is never overrun)."""
     pos = n0 + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row + tl.minimum(pos, kv_end - 1) // BLOCK_SIZE)
+    return tl.load(bt_row + tl.minimum(pos, kv_end - 1) // BLOCK_SIZE).to(tl.int64)
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+def _scale_offsets(ids, n0, kvh, s_b, s_h, s_t, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    return ids * s_b + kvh * s_h + ((n0 + tl.arange(0, BLOCK_N)) % BLOCK_SIZE).to(tl.int64) * s_t
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
+            q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
             kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
             s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
             s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
@@ -171,22 +209,27 @@ def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
             CARRY: tl.constexpr):
     """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks).
 
-    CARRY: blk holds this tile's block ids and the next tile's are returned with the new state,
-    so no K/V address depends on a load of the same iteration and the software pipeliner keeps
-    K/V copies num_stages - 1 tiles ahead (with the block table read in-iteration it waits for
-    each tile's copies at the top of its iteration). On sm_90 + Triton 3.6, carrying serializes
-    the wgmmas that read K/V straight from the copy buffers (float formats; ptxas C7515), so the
-    launcher carries by default only when both sides are dequantized through registers.
+    CARRY: blk and the K/V scale data (`_tile_scales`) are this tile's, and the next tile's are
+    returned with the new state: no K/V address depends on a load of the same iteration, so the
+    software pipeliner keeps K/V copies num_stages - 1 tiles ahead (with the block table read
+    in-iteration it waits for each tile's copies at the top of its iteration), and the small
+    scale loads (not pipelined) have a whole iteration to land. On sm_90 + Triton 3.6, carrying
+    serializes the wgmmas that read K/V straight from the copy buffers (float formats; ptxas
+    C7515), so the launcher carries by default only when both sides are dequantized in registers.
     """
     pos_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = pos_n < kv_end
     off = (pos_n % BLOCK_SIZE).to(tl.int64)
-    ids = blk if CARRY else _block_ids(bt_row, n0, kv_end, BLOCK_N, BLOCK_SIZE)
-    ids = ids.to(tl.int64)
-    k, k_col = _load_kv_tile(
-        kc_ptr, ks_ptr, kz_ptr, ids * s_kcb + kvh * s_kch + off * s_kct,
-        ids * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
-        K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_K)
+    if not CARRY:
+        blk = _block_ids(bt_row, n0, kv_end, BLOCK_N, BLOCK_SIZE)
+        ks0, ks1, kz0, kz1 = _tile_scales(
+            ks_ptr, kz_ptr, blk * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
+            K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD)
+        vs0, vs1, vz0, vz1 = _tile_scales(
+            vs_ptr, vz_ptr, blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
+            V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD)
+    k, k_col = _load_kv_tile(kc_ptr, blk * s_kcb + kvh * s_kch + off * s_kct, n_mask,
+                             ks0, ks1, kz0, kz1, K_FMT, K_TOKEN, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_K)
     s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
     s = s * (k_col * qk_scale)
     if MASKED:
@@ -195,15 +238,21 @@ def _attend(acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v, v_col = _load_kv_tile(
-        vc_ptr, vs_ptr, vz_ptr, ids * s_vcb + kvh * s_vch + off * s_vct,
-        ids * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
-        V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_V)
     # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
-    if CARRY:
-        blk = _block_ids(bt_row, n0 + BLOCK_N, kv_end, BLOCK_N, BLOCK_SIZE)
+    v, v_col = _load_kv_tile(vc_ptr, blk * s_vcb + kvh * s_vch + off * s_vct, n_mask,
+                             vs0, vs1, vz0, vz1, V_FMT, V_TOKEN, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_V)
+    if CARRY:  # the next tile's block ids and scale data
+        n1 = n0 + BLOCK_N
+        blk = _block_ids(bt_row, n1, kv_end, BLOCK_N, BLOCK_SIZE)
+        m1 = (n1 + tl.arange(0, BLOCK_N)) < kv_end
+        ks0, ks1, kz0, kz1 = _tile_scales(
+            ks_ptr, kz_ptr, _scale_offsets(blk, n1, kvh, s_ksb, s_ksh, s_kst, BLOCK_N, BLOCK_SIZE),
+            m1, K_FMT, K_TOKEN, K_GS, HEAD_DIM, D_PAD)
+        vs0, vs1, vz0, vz1 = _tile_scales(
+            vs_ptr, vz_ptr, _scale_offsets(blk, n1, kvh, s_vsb, s_vsh, s_vst, BLOCK_N, BLOCK_SIZE),
+            m1, V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD)
     acc = _dot(p.to(DT_V), v, acc * alpha[:, None], F32)
-    return acc, m_new, l_i, blk
+    return acc, m_new, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1
 
 
 @triton.jit
@@ -263,11 +312,19 @@ def _prefill_attn_kernel(
         lo = kv_full * phase
         hi = kv_full + (kv_end - kv_full) * phase
         blk = _block_ids(bt_row, lo, kv_end, BLOCK_N, BLOCK_SIZE)
+        m0 = (lo + tl.arange(0, BLOCK_N)) < kv_end
+        ks0, ks1, kz0, kz1 = _tile_scales(
+            ks_ptr, kz_ptr, _scale_offsets(blk, lo, kvh, s_ksb, s_ksh, s_kst, BLOCK_N, BLOCK_SIZE),
+            m0, K_FMT, K_MODE == 1, K_GS, HEAD_DIM, D_PAD)
+        vs0, vs1, vz0, vz1 = _tile_scales(
+            vs_ptr, vz_ptr, _scale_offsets(blk, lo, kvh, s_vsb, s_vsh, s_vst, BLOCK_N, BLOCK_SIZE),
+            m0, V_FMT, V_MODE == 1, V_GS, HEAD_DIM, D_PAD)
         if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
             n0 = lo
             while n0 < hi:
-                acc, m_i, l_i, blk = _attend(
-                    acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1 = _attend(
+                    acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
+                    q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
@@ -275,8 +332,9 @@ def _prefill_attn_kernel(
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
-                acc, m_i, l_i, blk = _attend(
-                    acc, m_i, l_i, blk, q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
+                acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1 = _attend(
+                    acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
+                    q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
