@@ -137,6 +137,12 @@ def test_gqa_and_head_dims(hq, hkv, head_dim):
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
+def test_head_dim_256_int4_rotation_outside_the_kernel():
+    out, ref = run_case("int4", "int4", head_dim=256, hq=2, hkv=1, dtype=torch.bfloat16,
+                        q_lens=(9, 1), seq_lens=(30, 17))
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("cfg", [TileConfig(16, 16, 4, 1, carry_block_ids=True), TileConfig(32, 32, 4, 1),
                                  TileConfig(64, 16, 4, 1, carry_block_ids=False)])

@@ -27,8 +27,10 @@ int4 tiles are a [BLOCK_N, D/2] byte tile decoded into its low and high nibbles 
 columns [0, D_PAD/2) and [D_PAD/2, D_PAD); for head dims that are not powers of two, q is loaded
 and the output stored through the same column -> channel map (`_channel_of`).
 
-Rotation (int4) happens around the kernel, as in the decode kernel: q @ R goes in when K rotates,
-and the output is multiplied by R when V rotates (torch matmuls; R @ R = I).
+Rotation (int4) happens in the kernel: one extra MMA per program before the loop (q @ R when K
+rotates) and one after it (output @ R when V rotates), with R = c * S, S of +-1 and 0 (exact in
+fp16/bf16) and c folded in fp32; no fp32 copies of q or of the output in HBM. Head dims above
+128 (R would need 128 KB of shared memory) rotate with fp32 torch matmuls around the kernel.
 """
 
 from __future__ import annotations
@@ -258,8 +260,8 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
 @triton.jit
 def _prefill_attn_kernel(
     q_ptr, o_ptr, tile_seq_ptr, tile_start_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
-    kc_ptr, ks_ptr, kz_ptr, kss_ptr, vc_ptr, vs_ptr, vz_ptr, vss_ptr,
-    sm_scale,
+    kc_ptr, ks_ptr, kz_ptr, kss_ptr, vc_ptr, vs_ptr, vz_ptr, vss_ptr, rk_ptr, rv_ptr,
+    sm_scale, rk_c, rv_c,
     s_qt, s_qh, s_ot, s_oh, s_bt,
     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
     s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
@@ -267,10 +269,12 @@ def _prefill_attn_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr,
-    Q_SHIFT: tl.constexpr, F32: tl.constexpr,
+    Q_SHIFT: tl.constexpr, F32: tl.constexpr, ROT_K: tl.constexpr, ROT_V: tl.constexpr,
     CARRY: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
+    # ROT_K / ROT_V: the side is stored as x @ R with R = c * S, S a [D, D] matrix of +-1 and 0
+    # (rk_ptr / rv_ptr, fp16) and c = rk_c / rv_c: q is rotated and the output rotated back here.
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + pid)
@@ -289,8 +293,15 @@ def _prefill_attn_kernel(
     pos_m = ctx + tok
     d = tl.arange(0, D_PAD)
     ch, ok = _channel_of(d, HEAD_DIM, D_PAD, K_FMT == K_FMT_INT4)  # q columns follow K's tile
-    q_ptrs = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh + ch[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & ok[None, :], other=0.0)
+    q_row = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh
+    if ROT_K:  # q @ R, landing in K's column order: exact +-1 products, fp32 sums
+        q = tl.load(q_row + d[None, :], mask=row_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+        RDT: tl.constexpr = tl.float32 if (INTERPRET or F32) else q.dtype  # interpreter: no bf16 dots
+        r = tl.load(rk_ptr + d[:, None] * HEAD_DIM + ch[None, :],
+                    mask=(d < HEAD_DIM)[:, None] & ok[None, :], other=0.0).to(RDT)
+        q = _dot(q.to(RDT), r, tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32), RDT == tl.float32) * rk_c
+    else:
+        q = tl.load(q_row + ch[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
     if Q_SHIFT:  # bf16 q -> fp16 operands: scale by 2^-e (exact) so that |q| stays below 2^15
@@ -346,9 +357,15 @@ def _prefill_attn_kernel(
     if (V_MODE != 1) and (V_FMT == K_FMT_FP8E4M3 or V_FMT == K_FMT_FP8E5M2):
         inv_l = inv_l * fp8_f16_factor(V_FMT)
     ch, ok = _channel_of(d, HEAD_DIM, D_PAD, V_FMT == K_FMT_INT4)  # acc columns follow V's tile
+    o = acc * inv_l[:, None]
+    if ROT_V:  # o @ R back to the natural channel order (o rounded to V's operand dtype first)
+        r = tl.load(rv_ptr + ch[:, None] * HEAD_DIM + d[None, :],
+                    mask=ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0).to(DT_V)
+        o = _dot(o.to(DT_V), r, tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32), F32) * rv_c
+        ch = d
+        ok = d < HEAD_DIM
     o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + ch[None, :]
-    o = (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty)
-    tl.store(o_ptrs, o, mask=row_ok[:, None] & ok[None, :])
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & ok[None, :])
 
 
 # ---- launcher --------------------------------------------------------------------------------
@@ -449,15 +466,22 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
     return ptrs, strides, fmt.kernel_id, mode, gs
 
 
-_rotations: dict[tuple[int, str], torch.Tensor] = {}
+_rotations: dict[tuple[int, str], tuple[torch.Tensor, float]] = {}
 
 
-def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
+def _rotation(pool: CachePool, device: torch.device) -> tuple[torch.Tensor, float] | None:
+    """The format's R as (S, c) with R = c * S: S [D, D] float16 of +-1 and 0 (exact in any
+    operand dtype), c the Hadamard normalization (cached per head dim and device)."""
     if not pool.fmt.rotate:
         return None
     key = (pool.fmt.head_dim, str(device))
     if key not in _rotations:
-        _rotations[key] = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
+        r = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
+        c = float(r.abs().max())
+        s = torch.round(r / c)
+        if not torch.allclose(s * c, r, rtol=0, atol=1e-6):
+            raise KVPackError("the KV format's rotation is not a scaled +-1 (Hadamard) matrix")
+        _rotations[key] = (s.to(torch.float16).contiguous(), c)
     return _rotations[key]
 
 
@@ -480,8 +504,8 @@ def prefill_paged_attention(
     scale: softmax scale (usually D ** -0.5).
     out: optional [T, Hq, D] in q's dtype. Rows past query_start_loc[-1] (padding) are unspecified.
     config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
-    Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R (float32) goes in when K rotates,
-    and the float32 output is multiplied by R when V rotates.
+    Returns out [T, Hq, D] in q's dtype. Rotated formats (int4): the kernel multiplies q by R when
+    K rotates and the output by R when V rotates (see `_rotation`).
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
@@ -502,21 +526,27 @@ def prefill_paged_attention(
     num_seqs = metadata.seq_lens.shape[0]
     if T == 0 or num_seqs == 0:
         return out
+    dtype = q.dtype
     rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
-    q_in = q.float() @ rk if rk is not None else q  # fp32: rounded once, to the operand dtype
+    q_in, o, r_out = q, out, None
+    if D > 128:  # R would take 128 KB of shared memory: rotate with fp32 torch matmuls instead
+        if rk is not None:
+            q_in = q.float() @ (rk[0].float() * rk[1])
+        if rv is not None:
+            o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        r_out, rk, rv = rv, None, None
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
-    o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rv is not None else out
 
     group = Hq // Hkv
     quantized = kp.fmt.kind != "float" or vp.fmt.kind != "float"
-    cfg = config or pick_tile_config(D, q.device, q.dtype, quantized)
+    cfg = config or pick_tile_config(D, q.device, dtype, quantized)
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
     k_ptrs, k_strides, k_fmt, k_mode, k_gs = _pool_args(kp)
     v_ptrs, v_strides, v_fmt, v_mode, v_gs = _pool_args(vp)
-    dt_k, dt_v = _operand_dtype(kp.fmt, q.dtype), _operand_dtype(vp.fmt, q.dtype)
+    dt_k, dt_v = _operand_dtype(kp.fmt, dtype), _operand_dtype(vp.fmt, dtype)
     carry = cfg.carry_block_ids
     if carry is None:
         carry = k_fmt != FMT_FLOAT and v_fmt != FMT_FLOAT
@@ -524,17 +554,19 @@ def prefill_paged_attention(
     grid = (tile_seq.numel(), Hkv)
     _prefill_attn_kernel[grid](
         q_in, o, tile_seq, tile_start, metadata.query_start_loc, metadata.seq_lens, bt,
-        *k_ptrs, *v_ptrs, float(scale),
+        *k_ptrs, *v_ptrs, rk[0] if rk else q, rv[0] if rv else q,
+        float(scale), rk[1] if rk else 1.0, rv[1] if rv else 1.0,
         q_in.stride(0), q_in.stride(1), o.stride(0), o.stride(1), bt.stride(0),
         *k_strides, *v_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
         HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
-        Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
-        F32=q.dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
+        Q_SHIFT=dt_k == torch.float16 and (q_in.dtype != torch.float16 or rk is not None),
+        F32=dtype == torch.float32, ROT_K=rk is not None, ROT_V=rv is not None,
+        CARRY=carry, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if rv is not None:
-        out.copy_(o @ rv)
+    if r_out is not None:
+        out.copy_(o @ (r_out[0].float() * r_out[1]))
     return out
