@@ -30,7 +30,8 @@ and the output stored through the same column -> channel map (`_channel_of`).
 Rotation (int4) happens in the kernel: one extra MMA per program before the loop (q @ R when K
 rotates) and one after it (output @ R when V rotates), with R = c * S, S of +-1 and 0 (exact in
 fp16/bf16) and c folded in fp32; no fp32 copies of q or of the output in HBM. Head dims above
-128 (R would need 128 KB of shared memory) rotate with fp32 torch matmuls around the kernel.
+128 (R would need 128 KB of shared memory) and those that are not powers of two (registers
+spill on sm_90) rotate with fp32 torch matmuls around the kernel.
 """
 
 from __future__ import annotations
@@ -529,7 +530,8 @@ def prefill_paged_attention(
     dtype = q.dtype
     rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
     q_in, o, r_out = q, out, None
-    if D > 128:  # R would take 128 KB of shared memory: rotate with fp32 torch matmuls instead
+    if D > 128 or D & (D - 1):  # R too big for shared memory (D > 128), or registers spill with
+        # the int4 channel gathers (80, 96): rotate with fp32 torch matmuls around the kernel
         if rk is not None:
             q_in = q.float() @ (rk[0].float() * rk[1])
         if rv is not None:
