@@ -208,7 +208,7 @@ GPU_FORMATS = ["bfloat16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
-@pytest.mark.parametrize("fmt", GPU_FORMATS + ["int8-static", "fp8_e4m3-static"])
+@pytest.mark.parametrize("fmt", GPU_FORMATS + ["int8-static", "fp8_e4m3-static", "fp8_e5m2-static"])
 def test_gpu_large(fmt, head_dim):
     static = fmt.endswith("-static")
     name = fmt.removesuffix("-static")
