@@ -36,6 +36,7 @@ spill on sm_90) rotate with fp32 torch matmuls around the kernel.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -467,6 +468,9 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
     return ptrs, strides, fmt.kernel_id, mode, gs
 
 
+# In-kernel int4 rotation (D = 64, 128): opt in with KVPACK_PREFILL_FUSED_ROTATION=1 until it passes
+# the gpu-marked tests (see the note at its use).
+FUSED_ROTATION = os.environ.get("KVPACK_PREFILL_FUSED_ROTATION", "0") == "1"
 _rotations: dict[tuple[int, str], tuple[torch.Tensor, float]] = {}
 
 
@@ -530,8 +534,10 @@ def prefill_paged_attention(
     dtype = q.dtype
     rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
     q_in, o, r_out = q, out, None
-    if D > 128 or D & (D - 1):  # R too big for shared memory (D > 128), or registers spill with
-        # the int4 channel gathers (80, 96): rotate with fp32 torch matmuls around the kernel
+    if not FUSED_ROTATION or D > 128 or D & (D - 1):  # R too big for shared memory (D > 128), or
+        # registers spill with the int4 channel gathers (80, 96): rotate with fp32 torch matmuls
+        # around the kernel. The fused path is off by default: on the H200 it gave wrong int4
+        # outputs (D=64) and an illegal memory access (D=128) that the interpreter does not show.
         if rk is not None:
             q_in = q.float() @ (rk[0].float() * rk[1])
         if rv is not None:
