@@ -79,7 +79,7 @@ def test_plan_kv_cache_precedence_and_lines():
     assert plan.num_blocks == (8 * GiB) // (HAND_BPT["int8"] * 16)
     assert "--kv-cache-memory 8.00 GiB" in plan.source
     lines = plan.log_lines(32768)
-    assert lines[1] == f"GPU KV cache size: {plan.num_tokens:,} tokens"
+    assert lines[1] == f"CPU KV cache size: {plan.num_tokens:,} tokens"  # "GPU" on CUDA, as vLLM
     assert lines[2] == (f"Maximum concurrency for 32,768 tokens per request: "
                         f"{plan.num_tokens / 32768:.2f}x")
     assert "int8" in lines[0] and f"{plan.num_blocks} blocks" in lines[0]

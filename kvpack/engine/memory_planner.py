@@ -21,7 +21,7 @@ and a 4-bit cache about 3.2x the tokens of a bf16 one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -86,6 +86,7 @@ class KVCachePlan:
     k_format: str = ""
     v_format: str = ""
     profile: dict[str, int] | None = None  # CUDA profile figures (bytes), when one ran
+    device_type: str = "cuda"  # "cpu" prints "CPU KV cache size"
 
     @property
     def num_tokens(self) -> int:
@@ -108,7 +109,8 @@ class KVCachePlan:
         return [
             f"KV cache format: {self.format_name}, {self.bytes_per_token} bytes/token, "
             f"{self.num_blocks} blocks of {self.block_size} tokens, {format_bytes(self.kv_bytes)} ({self.source})",
-            f"GPU KV cache size: {self.num_tokens:,} tokens",
+            f"{'GPU' if self.device_type == 'cuda' else self.device_type.upper()} KV cache size: "
+            f"{self.num_tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: "
             f"{self.max_concurrency(max_model_len):.2f}x",
         ]
@@ -164,7 +166,7 @@ def plan_kv_cache(loaded: Any, cache_config: CacheConfig, device: str | torch.de
             f"no room for even one KV block ({plan.bytes_per_token * plan.block_size} bytes) in "
             f"{format_bytes(max(plan.budget_bytes, 0))} ({plan.source}); raise --gpu-memory-utilization "
             "or --kv-cache-memory, or lower --max-num-batched-tokens")
-    return plan
+    return replace(plan, device_type=torch.device(device).type)
 
 
 # ---- CUDA profile ---------------------------------------------------------------------------------
