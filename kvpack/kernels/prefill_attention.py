@@ -81,6 +81,9 @@ def _channel_of(c, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, INT4: tl.constex
     return ch, ok
 
 
+_INTERPRET_C = tl.constexpr(INTERPRET)
+
+
 # ---- one K or V tile -------------------------------------------------------------------------
 @triton.jit
 def _tile_scales(scales_ptr, zeros_ptr, scale_off, n_mask, FMT: tl.constexpr,
@@ -181,9 +184,13 @@ def _load_kv_tile(codes_ptr, code_off, n_mask, s0, s1, z0, z1,
 @triton.jit
 def _dot(a, b, acc, F32: tl.constexpr):
     if F32:
-        return tl.dot(a, b, acc, input_precision="ieee")
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    elif _INTERPRET_C and a.dtype == tl.bfloat16:
+        # the CPU interpreter multiplies bf16 dots wrongly: widen (exact) there; the GPU runs bf16
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        return tl.dot(a, b, acc)
+        out = tl.dot(a, b, acc)
+    return out
 
 
 # ---- the kernel ------------------------------------------------------------------------------
