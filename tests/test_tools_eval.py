@@ -81,12 +81,14 @@ def test_eval_rows_and_float32_equals_cache_free(tiny):
 def test_calibrate_absmax_equals_layer0_arithmetic(tiny, tmp_path):
     loaded, ids = tiny
     out = tmp_path / "scales.json"
-    data = calibrate(loaded, ids, str(out), window=128, max_tokens=256, progress=False)
+    data = calibrate(loaded, ids, str(out), window=128, max_tokens=256, statistic="absmax",
+                     progress=False)
     assert data["num_tokens"] == 256
     m, mc = loaded.model, loaded.model_config
     attn = m.model.layers[0].self_attn
     kmax = torch.zeros(mc.num_kv_heads)
     vmax = torch.zeros(mc.num_kv_heads)
+    k_tok = []  # per-token maxima of layer 0's K: [tokens, Hkv]
     with torch.no_grad():
         for w in (ids[:128], ids[128:256]):
             pos = torch.arange(len(w))
@@ -97,14 +99,21 @@ def test_calibrate_absmax_equals_layer0_arithmetic(tiny, tmp_path):
             cos, sin = m.rotary.cos_sin(pos, k.dtype)
             k = apply_rotary(k, cos, sin)
             kmax = torch.maximum(kmax, k.abs().amax(dim=(0, 2)))
+            k_tok.append(k.abs().amax(dim=2))
             vmax = torch.maximum(vmax, v.abs().amax(dim=(0, 2)))
     scales = load_scales(str(out), mc)
     torch.testing.assert_close(scales.k_absmax[0], kmax, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(scales.v_absmax[0], vmax, rtol=1e-5, atol=1e-6)
-    # a percentile of per-token maxima is at most the maximum
-    data_p = calibrate(loaded, ids, str(tmp_path / "p.json"), window=128, max_tokens=256,
-                       statistic="percentile:50", progress=False)
+    # the default statistic: a percentile of per-token maxima (oracle: torch.quantile)
+    data_p = calibrate(loaded, ids, str(tmp_path / "p.json"), window=128, max_tokens=256, progress=False)
+    assert data_p["statistic"] == "percentile:99.9"
+    want = torch.quantile(torch.cat(k_tok), 0.999, dim=0)
+    torch.testing.assert_close(torch.tensor(data_p["k"]["absmax"][0]), want, rtol=1e-5, atol=1e-6)
     assert (torch.tensor(data_p["k"]["absmax"]) <= torch.tensor(data["k"]["absmax"]) + 1e-6).all()
+    data_50 = calibrate(loaded, ids, str(tmp_path / "m.json"), window=128, max_tokens=256,
+                        statistic="percentile:50", progress=False)
+    torch.testing.assert_close(torch.tensor(data_50["k"]["absmax"][0]),
+                               torch.quantile(torch.cat(k_tok), 0.5, dim=0), rtol=1e-5, atol=1e-6)
     # static scales from the file run through eval (":static") and differ from per-token ones
     rows = evaluate(loaded, ids, ["int8:static", "int8:dynamic"], window=128, max_tokens=256,
                     kv_scales=str(out), chunk_size=64, progress=False)
