@@ -21,9 +21,9 @@ from kvpack.formats import save_scales
 from kvpack.models.loader import LoadedModel
 from kvpack.tools.scoring import PagedScorer, token_windows
 
-# Clips about one token in a thousand (often a window's first, attention-sink token) and gives the
-# other 999 finer steps: on SmolLM2 + jargon.txt it halved static int8's perplexity cost against
-# absmax (results/eval/static_scale_statistic.md).
+# Clips about one token in a thousand and gives the other 999 finer steps: on SmolLM2 + jargon.txt
+# it more than halved static int8's perplexity cost against absmax
+# (results/eval/static_scale_statistic.md).
 DEFAULT_STATISTIC = "percentile:99.9"
 
 
