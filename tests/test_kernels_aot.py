@@ -71,10 +71,13 @@ def variants():
             for splits in (1, 2):
                 if splits == 2 and (D == 80 or name not in ("int8", "int4", "fp8_e4m3")):
                     continue
-                plan = plan_decode(q, lc, meta, 0.1, num_splits=splits)
+                plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="dot")
                 out.append((f"decode/{name}/D{D}/splits{splits}", _decode_kernel, plan.args, plan.options))
                 if plan.merge_args is not None and name == "int8":
                     out.append(("merge", _merge_kernel, plan.merge_args, {}))
+            if name != "bfloat16":  # the CUDA-core decode variant (quantized K and V only)
+                plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="fma")
+                out.append((f"decode-fma/{name}/D{D}", plan.kernel, plan.args, plan.options))
     return out
 
 
