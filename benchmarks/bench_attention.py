@@ -11,7 +11,9 @@ to torch SDPA (cuDNN and flash backends) on the same context stored contiguously
 the same run; then cache-write throughput per format. Block tables are random permutations.
 Writes JSON, a markdown table and a PNG plot to --out, with GPU, driver, torch, triton, commit and
 the command line. `--check` compares every kernel with the PyTorch reference first. `--tune`
-sweeps tile/warp/stage/split choices (for picking the heuristics), printing the best per case.
+sweeps the decode variants (dot / fma) and their tile/warp/stage/split choices for the quantized
+formats (TUNE_CONFIGS), printing every measurement and a summary table (tune.json, tune.md).
+KVPACK_DECODE_VARIANT=fma runs the whole benchmark on the fma variant.
 """
 
 from __future__ import annotations
@@ -175,39 +177,122 @@ def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -
             "cache_bytes_written": kv_bytes(lc, Shape("w", 1, tokens, shape.hq, shape.hkv, shape.head_dim))}
 
 
-def tune(shapes, formats, device, rep_ms, gen) -> list[dict]:
-    from kvpack.kernels.decode_attention import choose_num_splits, decode_paged_attention
+# --tune: decode kernel variants, tiles, warps, stages and splits for the quantized formats, in one
+# run (an estimate, not yet timed: 5-8 minutes on an H200 with the default shapes and formats,
+# mostly compiling; --budget-s stops it and keeps what it measured). Each entry: (name, variant,
+# kwargs for decode_paged_attention); "A" is the fma tile's tokens per thread (block_n = A * rows,
+# see kernels.decode_attention.fma_tile). Ordered by priority: the first entries run on every case
+# before the next entry starts.
+TUNE_CONFIGS = [
+    ("dot", "dot", {}),  # the current default (the heuristics in plan_decode)
+    ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
+    ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
+    ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
+    ("fma-a4-w8", "fma", {"A": 4, "num_warps": 8}),
+    ("fma-a8-w4-r168", "fma", {"A": 8, "num_warps": 4, "maxnreg": 168}),  # 3 CTAs/SM, some spills
+    ("fma-a4-w4-r128", "fma", {"A": 4, "num_warps": 4, "maxnreg": 128}),  # 4 CTAs/SM, more spills
+    ("fma-a2-w4", "fma", {"A": 2, "num_warps": 4}),
+    ("fma-a8-w4-noasm", "fma", {"A": 8, "num_warps": 4, "fast_cvt": False}),  # integer ops, no inline PTX
+    ("fma-a8-w4-st2", "fma", {"A": 8, "num_warps": 4, "num_stages": 2}),  # Triton's smem pipeliner
+    ("dot-bn256-w4", "dot", {"block_n": 256, "num_warps": 4}),
+    ("dot-bn128-w8", "dot", {"block_n": 128, "num_warps": 8}),
+]
+TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
+TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]
+# time vs kvpack bf16 at context >= 2048 (issue targets)
+TARGETS = {"int8": 0.55, "int8-static": 0.55, "fp8_e4m3": 0.60, "fp8_e5m2": 0.60, "int4": 0.33}
 
-    rows = []
+
+def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -> tuple[dict, int]:
+    """decode_paged_attention kwargs (without num_splits) and the heuristic split count."""
+    from kvpack.kernels.decode_attention import choose_fma_splits, choose_num_splits, fma_tile
+
+    kw = {k: v for k, v in cfg.items() if k != "A"}
+    if variant == "fma":
+        int4 = "int4" in (lc.k.fmt.kind, lc.v.fmt.kind)
+        _, _, _, rows = fma_tile(shape.head_dim, None, cfg["num_warps"], int4)
+        kw["block_n"] = cfg["A"] * rows
+        base = choose_fma_splits(shape.batch, shape.hkv, shape.context, kw["block_n"], dev)
+    else:
+        base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", 128), dev)
+    return kw, base
+
+
+def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path: str | None = None) -> list[dict]:
+    """Every config of TUNE_CONFIGS on every (shape, format) at splits {base/2, base, 2 base} (base:
+    the launcher's heuristic); each fma result is checked against the dot output. bf16 (dot,
+    default) is timed per shape as the baseline. Rows go to out_path after every config."""
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    t0 = time.time()
+    cases = {}
     for shape in shapes:
-        for fmt_name in formats:
-            lc, meta, q = make_case(fmt_name, shape, device, gen)
-            nbytes = kv_bytes(lc, shape)
-            base = choose_num_splits(shape.batch, shape.hkv, shape.context, 128, device)
-            best = None
-            for block_n, warps in ((128, 4), (128, 8), (256, 4)):
-                for stages in (2,):
-                    for fast in (True, False):
-                        for splits in (base,):
-                            try:
-                                us = time_graph(lambda: decode_paged_attention(
-                                    q, lc, meta, shape.head_dim ** -0.5, num_splits=splits, block_n=block_n,
-                                    num_warps=warps, num_stages=stages, fast_cvt=fast), rep_ms)
-                            except Exception as e:
-                                print(f"  tune fail {shape.name} {fmt_name} {block_n}/{warps}/{stages}/{splits}: "
-                                      f"{type(e).__name__}", flush=True)
-                                continue
-                            r = {"shape": shape.name, "format": fmt_name, "block_n": block_n, "warps": warps,
-                                 "stages": stages, "splits": splits, "fast_cvt": fast, "us": us,
-                                 "TBps": nbytes / us / 1e6}
-                            rows.append(r)
-                            if best is None or us < best["us"]:
-                                best = r
-            print(f"TUNE best {shape.name:18s} {fmt_name:12s} {best['us']:8.1f} us {best['TBps']:5.2f} TB/s "
-                  f"bn={best['block_n']} w={best['warps']} st={best['stages']} sp={best['splits']} fast={best['fast_cvt']}",
-                  flush=True)
-            del lc
+        for fmt_name in ["bf16", *formats]:
+            cases[(shape.name, fmt_name)] = (shape, *make_case(fmt_name, shape, device, gen))
+    rows, ref_out, bf16_us = [], {}, {}
+    for shape in shapes:
+        _, lc, meta, q = cases[(shape.name, "bf16")]
+        bf16_us[shape.name] = time_graph(lambda: decode_paged_attention(q, lc, meta, shape.head_dim ** -0.5,
+                                                                        variant="dot"), rep_ms)
+    for name, variant, cfg in TUNE_CONFIGS:
+        print(f"TUNE config {name} {cfg} at {time.time() - t0:.0f} s", flush=True)
+        for shape in shapes:
+            for fmt_name in formats:
+                if time.time() - t0 > budget_s:
+                    print(f"TUNE budget {budget_s:.0f} s reached: stopping", flush=True)
+                    return rows
+                _, lc, meta, q = cases[(shape.name, fmt_name)]
+                scale = shape.head_dim ** -0.5
+                kw, base = _tune_kwargs(variant, cfg, shape, lc, q.device)
+                if (shape.name, fmt_name) not in ref_out:
+                    ref_out[(shape.name, fmt_name)] = decode_paged_attention(q, lc, meta, scale, variant="dot").float()
+                ref = ref_out[(shape.name, fmt_name)]
+                for splits in sorted({max(1, base // 2), base, min(2 * base, 256)}):
+                    row = {"shape": shape.name, "format": fmt_name, "config": name, "variant": variant,
+                           **{k: v for k, v in cfg.items()}, "block_n": kw.get("block_n"), "splits": splits,
+                           "kv_bytes": kv_bytes(lc, shape), "bf16_us": bf16_us[shape.name]}
+                    try:
+                        fn = lambda: decode_paged_attention(q, lc, meta, scale, num_splits=splits,  # noqa: E731
+                                                            variant=variant, **kw)
+                        out = fn().float()
+                        row["max_diff_vs_dot"] = ((out - ref).abs() / (1 + ref.abs())).max().item()
+                        row["us"] = time_graph(fn, rep_ms)
+                    except Exception as e:  # a config that does not compile or launch: recorded
+                        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                        print(f"  tune fail {shape.name} {fmt_name} {name} splits={splits}: {row['error'][:120]}",
+                              flush=True)
+                        rows.append(row)
+                        continue
+                    row["TBps"] = row["kv_bytes"] / row["us"] / 1e6
+                    row["vs_bf16"] = row["us"] / row["bf16_us"]
+                    bad = row["max_diff_vs_dot"] > 2e-2
+                    print(f"{shape.name:18s} {fmt_name:9s} {name:16s} sp={splits:3d} {row['us']:8.1f} us "
+                          f"{row['TBps']:5.2f} TB/s {row['vs_bf16']:5.2f}x bf16  diff {row['max_diff_vs_dot']:.1e}"
+                          + ("  WRONG" if bad else ""), flush=True)
+                    rows.append(row)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump({"rows": rows, "partial": True}, f, indent=1)
     return rows
+
+
+def tune_summary(rows: list[dict]) -> str:
+    """Per (shape, format): the default dot time, the best dot and fma configs, ratios to bf16."""
+    ok = [r for r in rows if "us" in r and r.get("max_diff_vs_dot", 1) <= 2e-2]
+    lines = ["| shape | format | dot default us | best dot | best fma | best vs bf16 | target |",
+             "|---|---|---:|---|---|---:|---:|"]
+    for key in dict.fromkeys((r["shape"], r["format"]) for r in ok):
+        rs = [r for r in ok if (r["shape"], r["format"]) == key]
+        dflt = [r for r in rs if r["config"] == "dot"]
+        dflt_us = min((r["us"] for r in dflt), default=None)
+        cell = {}
+        for v in ("dot", "fma"):
+            b = min((r for r in rs if r["variant"] == v), key=lambda r: r["us"], default=None)
+            cell[v] = b and f"{b['us']:.1f} us {b['TBps']:.2f} TB/s ({b['config']}, sp {b['splits']})"
+        best = min(rs, key=lambda r: r["us"])
+        lines.append(f"| {key[0]} | {key[1]} | {dflt_us and f'{dflt_us:.1f}'} | {cell['dot'] or '-'} | "
+                     f"{cell['fma'] or '-'} | {best['vs_bf16']:.2f} | {TARGETS.get(key[1], '-')} |")
+    return "\n".join(lines) + "\n"
 
 
 def environment(argv) -> dict:
@@ -307,7 +392,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 shapes, shorter timing")
     ap.add_argument("--check", action="store_true", help="compare each kernel with the reference first")
-    ap.add_argument("--tune", action="store_true", help="sweep block_n/warps/stages/splits instead")
+    ap.add_argument("--tune", action="store_true",
+                    help="sweep variant (dot/fma) x tile x warps x stages x splits for the quantized formats instead")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="--tune: stop after this many seconds")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-sdpa", action="store_true")
@@ -327,9 +414,18 @@ def main(argv=None) -> int:
     print(json.dumps(env), flush=True)
     os.makedirs(args.out, exist_ok=True)
     if args.tune:
-        rows = tune(shapes, formats, device, rep, gen)
-        with open(os.path.join(args.out, "tune.json"), "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
+        if not args.shapes:
+            shapes = [s for s in SHAPES if s.name in TUNE_SHAPES]
+        tformats = formats if args.formats != ",".join(FORMATS) else TUNE_FORMATS
+        path = os.path.join(args.out, "tune.json")
+        rows = tune(shapes, [f for f in tformats if f != "bf16"], device, args.rep_ms or 30, gen,
+                    args.budget_s, path)
+        summary = tune_summary(rows)
+        with open(path, "w") as f:
+            json.dump({"env": env, "rows": rows, "summary": summary}, f, indent=1)
+        with open(os.path.join(args.out, "tune.md"), "w") as f:
+            f.write(f"# Decode tune, {env['gpu']}, commit `{env['commit'][:12]}`\n\n`{env['command']}`\n\n{summary}")
+        print(summary)
         return 0
 
     from kvpack.kernels.decode_attention import decode_paged_attention

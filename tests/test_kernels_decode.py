@@ -285,6 +285,15 @@ def test_variant_selection(monkeypatch):
         choose_variant("int8", "int8")
 
 
+@pytest.mark.parametrize("variant", ["dot", "fma"])
+def test_decode_empty_batch(variant):
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    q, lc, _ = build_case("int8", "int4", [5], 4, 2, 64, 16)
+    out = decode_paged_attention(q[:0], lc, AttentionMetadata.build([], [], [], 16), 0.1, variant=variant)
+    assert out.shape == (0, 4, 64) and out.dtype == q.dtype
+
+
 def test_fma_split_heuristic():
     from kvpack.kernels.decode_attention import choose_fma_splits
 
@@ -294,14 +303,22 @@ def test_fma_split_heuristic():
     assert choose_fma_splits(1, 2, 300, 128, dev) == 2  # >= 2 tiles per split
 
 
+GPU_FMA_FORMATS = ["int8", "int8-static", "int4", "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 80, 128, 256])
-@pytest.mark.parametrize("name", ["int8", "int8-static", "int4", "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2"])
+@pytest.mark.parametrize("name", GPU_FMA_FORMATS)
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("fast", [True, False])
-def test_fma_gpu_large(name, D, block_size, fast):
-    check_fma(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=block_size, device="cuda",
-              fast_cvt=fast)
+def test_fma_gpu_large(name, D, block_size):
+    check_fma(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=block_size, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_FMA_FORMATS)
+def test_fma_gpu_no_asm(name):
+    """fast_cvt=False: the integer-op conversions instead of the inline PTX."""
+    check_fma(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=128, device="cuda", fast_cvt=False)
 
 
 @pytest.mark.gpu

@@ -294,8 +294,12 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
 # as codes [1, NCH, R, A, CW]: token r * A + a (R rows over lanes and warps, each thread's A
 # tokens consecutive, in one cache block), channel chunk c (NCH chunks over lanes) of CW
 # contiguous code elements (8-bit codes: 16 bytes = one vector load; int4: 8 bytes = 16 channels).
-# Every tensor of the loop has that 5-d shape (per-token tensors carry NCH too, so every load's
-# pointer tensor gets the tile's layout and nothing is converted): scores [GP, NCH, R, A, 1] are
+# The dim order is the layout: Triton 3.6 gives the contiguous dim's vector to a thread, then lanes
+# and warps to the other dims in index order, so NCH and R spread over lanes and warps and A stays
+# in registers (checked in the TTGIR). Every tensor of the loop has that 5-d shape (per-token
+# tensors carry NCH too, so each load's pointer tensor gets the same layout and nothing is
+# converted; the scale token stride stays a runtime value, since a specialized stride of 1 would
+# make the scale loads contiguous along A and change their layout): scores [GP, NCH, R, A, 1] are
 # summed over a chunk in registers and over NCH by shuffles; each row r keeps its own online
 # softmax state (m, l [GP, NCH, R, 1, 1]) and accumulator ([GP, NCH, R, 1, CW]), so p @ V sums
 # over a thread's own A tokens; the R rows are merged once, after the loop.
@@ -627,7 +631,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
                       device: torch.device) -> int:
     """Splits per sequence when num_seqs * Hkv programs do not fill the GPU: at least ~2 programs
     per SM and at most ~1024 tokens per split (H200 tuning), each split keeping >= 4 tiles."""
-    work = num_seqs * num_kv_heads
+    work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
     sms = _sm_count(device)
     if work >= sms:
         return 1
@@ -640,7 +644,7 @@ def choose_fma_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
                       device: torch.device, programs_per_sm: int = 4) -> int:
     """fma variant (small CTAs, no shared memory): splits so that num_seqs * Hkv * splits reaches
     ~programs_per_sm programs per SM, each split keeping >= 2 tiles (not yet measured)."""
-    work = num_seqs * num_kv_heads
+    work = max(1, num_seqs * num_kv_heads)
     want = triton.cdiv(programs_per_sm * _sm_count(device), work)
     max_splits = max(1, triton.cdiv(max_seq_len, 2 * block_n))
     return max(1, min(want, max_splits, 256))
@@ -662,7 +666,8 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     always runs "dot"."""
     name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "dot"
     if name not in VARIANTS:
-        raise ConfigError(f"decode variant {name!r} (KVPACK_DECODE_VARIANT) is not one of {', '.join(VARIANTS)}")
+        raise ConfigError(f"decode variant {name!r} (argument or KVPACK_DECODE_VARIANT) is not one of "
+                          + ", ".join(VARIANTS))
     if "float" in (k_kind, v_kind):
         return "dot"
     return name
@@ -704,7 +709,8 @@ class DecodePlan:
 
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None) -> DecodePlan:
+                num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
+                maxnreg: int | None = None) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
@@ -725,6 +731,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
 
     if variant == "fma":
+        for p in (kp, vp):  # the kernel takes the code rows and scale entries as contiguous
+            assert p.codes.stride(-1) == 1 and (p.scales is None or p.scales.stride(-1) == 1), p.fmt
         num_warps = num_warps or FMA_NUM_WARPS
         num_stages = num_stages or 1
         cpt, nch, a, r = fma_tile(D, block_n, num_warps, "int4" in (kp.fmt.kind, vp.fmt.kind))
@@ -754,6 +762,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     d_pad = triton.next_power_of_2(D)
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
+        options["maxnreg"] = maxnreg
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
     if variant == "fma":  # the codes' token stride is compile-time (immediate load offsets)
         kernel = _fma_decode_kernel
@@ -789,6 +799,7 @@ def decode_paged_attention(
     num_stages: int | None = None,
     fast_cvt: bool = True,
     variant: str | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -798,10 +809,11 @@ def decode_paged_attention(
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
     heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
     instead of the PTX byte permutes (for measuring). variant: "dot" | "fma" (see `choose_variant`;
-    default: KVPACK_DECODE_VARIANT, else "dot").
+    default: KVPACK_DECODE_VARIANT, else "dot"); for "fma", block_n is rounded down to a multiple
+    of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning).
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant)
+                       variant, maxnreg)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
