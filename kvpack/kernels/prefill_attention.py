@@ -32,28 +32,23 @@ rotates) and one after it (output @ R when V rotates), with R = c * S, S of +-1 
 fp16/bf16) and c folded in fp32; no fp32 copies of q or of the output in HBM. Head dims above
 128 (R would need 128 KB of shared memory) and those that are not powers of two (registers
 spill on sm_90) rotate with fp32 torch matmuls around the kernel.
+
+The host side (`TileConfig`, `pick_tile_config`, `build_tile_map` and the launcher
+`prefill_paged_attention`) lives in `prefill_launch` and is re-exported from here.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import torch
 import triton
 import triton.language as tl
 
-from kvpack.config import KVPackError
-from kvpack.formats import FMT_FLOAT
+from kvpack.kernels.prefill_launch import (  # noqa: F401 (re-exported: the public launcher and its tiling)
+    TileConfig, build_tile_map, pick_tile_config, prefill_paged_attention,
+)
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_f16_factor,
     int4_to_f16, int8_to_f16,
 )
-
-if TYPE_CHECKING:
-    from kvpack.attention.kv_cache import CachePool, LayerKVCache
-    from kvpack.attention.metadata import AttentionMetadata
 
 
 @triton.jit
@@ -375,213 +370,3 @@ def _prefill_attn_kernel(
         ok = d < HEAD_DIM
     o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + ch[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & ok[None, :])
-
-
-# ---- launcher --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TileConfig:
-    """Tiling of one launch: BLOCK_M query rows (tokens x GROUP heads), BLOCK_N keys per step."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    carry_block_ids: bool | None = None  # None: when K and V are both quantized (see _attend)
-
-
-def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = torch.bfloat16,
-                     quantized: bool = False) -> TileConfig:
-    """Heuristic table (no autotuning: deterministic, CUDA-graph friendly, interpreter-safe).
-
-    Chosen from ptxas reports of every format (no register spills on sm_90 for all head dims;
-    a few hundred bytes at most on sm_80 for int8/int4); `bench_prefill.py --sweep` times the
-    alternatives on a real GPU.
-    """
-    if INTERPRET or device.type != "cuda":
-        return TileConfig(32, 16, 4, 1)
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    if dtype == torch.float32:  # FMA dots (input_precision="ieee") hold whole tiles in registers
-        return TileConfig(16, 16, 4, 1) if d_pad > 128 else TileConfig(32, 16, 4, 1)
-    major, _ = torch.cuda.get_device_capability(device)
-    if major >= 9:  # Hopper: wgmma over 2 warpgroups x 64 rows
-        if d_pad > 128:
-            return TileConfig(128, 16, 8, 2) if quantized else TileConfig(64, 32, 8, 2)
-        return TileConfig(128, 64, 8, 3)
-    if d_pad > 128:  # Ampere / Ada: mma.sync keeps q and the accumulator in registers
-        return TileConfig(32, 16, 4, 2)
-    return TileConfig(128, 64, 8, 2) if d_pad <= 64 else TileConfig(128, 32, 8, 2)
-
-
-def build_tile_map(query_start_loc: torch.Tensor, block_q: int, num_tokens: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Map each program to (sequence, first query token of its tile) with device ops only.
-
-    query_start_loc: [B + 1] int32. Returns tile_seq, tile_start: [num_tokens // block_q + B] int32
-    (an upper bound on the tile count that needs no host sync, so the launch is CUDA-graph
-    capturable for fixed T and B); unused programs get tile_seq == -1. Within a sequence the tiles
-    run last-first: the ones with the most keys start earliest.
-    """
-    num_seqs = query_start_loc.numel() - 1
-    dev = query_start_loc.device
-    grid = num_tokens // block_q + num_seqs
-    if num_seqs <= 0:
-        empty = torch.empty(0, dtype=torch.int32, device=dev)
-        return empty, empty
-    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
-    n_tiles = (q_lens + block_q - 1) // block_q
-    ends = torch.cumsum(n_tiles, 0)
-    t = torch.arange(grid, device=dev)
-    seq = torch.searchsorted(ends, t, right=True).clamp_(max=max(num_seqs - 1, 0))
-    local = t - (ends[seq] - n_tiles[seq])
-    start = (n_tiles[seq] - 1 - local) * block_q
-    tile_seq = torch.where(t < ends[-1], seq, -1).to(torch.int32)
-    return tile_seq, start.to(torch.int32)
-
-
-_MODES = {"none": 0, "token": 1, "static": 2}
-_DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-
-
-def _operand_dtype(fmt, q_dtype: torch.dtype) -> torch.dtype:
-    """Dot operand dtype for one side: fp32 under fp32 q; a 16-bit float cache as stored;
-    quantized formats fp16 (codes decode to fp16 exactly with integer ops and scales apply in
-    packed fp16; bf16 would need a quarter-rate conversion per element)."""
-    if q_dtype == torch.float32:
-        return torch.float32
-    if fmt.kind == "float":
-        return fmt.storage_dtype if fmt.storage_dtype in (torch.float16, torch.bfloat16) else q_dtype
-    return torch.float16
-
-
-def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
-    fmt = pool.fmt
-    codes = pool.codes
-    if codes.stride(-1) != 1:
-        raise KVPackError("KV cache codes must be contiguous in their last dim")
-    scales = pool.scales if pool.scales is not None else codes
-    zeros = pool.zeros if pool.zeros is not None else scales
-    if scales.stride(-1) != 1 or zeros.stride() != scales.stride():
-        raise KVPackError("KV cache scales and zeros must share one layout, contiguous in the last dim")
-    static = pool.static_scale if pool.static_scale is not None else codes
-    mode = _MODES[fmt.scale_mode]
-    if mode == 1 and (pool.scales is None or (fmt.kind == "int4" and pool.zeros is None)):
-        raise KVPackError(f"KV format {fmt.name!r} needs per-token scales in the cache")
-    if mode == 2 and pool.static_scale is None:
-        raise KVPackError(f"KV format {fmt.name!r} needs static per-head scales")
-    ptrs = [codes, scales, zeros, static]
-    strides = [codes.stride(0), codes.stride(1), codes.stride(2),
-               scales.stride(0), scales.stride(1), scales.stride(2)]
-    gs = fmt.group_size if fmt.kind == "int4" else 1
-    return ptrs, strides, fmt.kernel_id, mode, gs
-
-
-# In-kernel int4 rotation (D = 64, 128): opt in with KVPACK_PREFILL_FUSED_ROTATION=1 until it passes
-# the gpu-marked tests (see the note at its use).
-FUSED_ROTATION = os.environ.get("KVPACK_PREFILL_FUSED_ROTATION", "0") == "1"
-_rotations: dict[tuple[int, str], tuple[torch.Tensor, float]] = {}
-
-
-def _rotation(pool: CachePool, device: torch.device) -> tuple[torch.Tensor, float] | None:
-    """The format's R as (S, c) with R = c * S: S [D, D] float16 of +-1 and 0 (exact in any
-    operand dtype), c the Hadamard normalization (cached per head dim and device)."""
-    if not pool.fmt.rotate:
-        return None
-    key = (pool.fmt.head_dim, str(device))
-    if key not in _rotations:
-        r = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
-        c = float(r.abs().max())
-        s = torch.round(r / c)
-        if not torch.allclose(s * c, r, rtol=0, atol=1e-6):
-            raise KVPackError("the KV format's rotation is not a scaled +-1 (Hadamard) matrix")
-        _rotations[key] = (s.to(torch.float16).contiguous(), c)
-    return _rotations[key]
-
-
-def prefill_paged_attention(
-    q: torch.Tensor,
-    layer_cache: LayerKVCache,
-    metadata: AttentionMetadata,
-    scale: float,
-    out: torch.Tensor | None = None,
-    *,
-    config: TileConfig | None = None,
-    tile_map: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Causal paged attention of a mixed batch (prefill chunks and decodes) over the cache.
-
-    q:   [T, Hq, D] float16 / bfloat16 / float32, unrotated (as `reference.paged_attention`).
-         Query token i of sequence b sits at position seq_lens[b] - q_len[b] + i.
-    layer_cache: K and V pools (any formats; codes [num_blocks, Hkv, block_size, code_width]).
-    metadata: query_start_loc [B+1] int32, seq_lens [B] int32, block_tables [B, max_blocks] int32.
-    scale: softmax scale (usually D ** -0.5).
-    out: optional [T, Hq, D] in q's dtype. Rows past query_start_loc[-1] (padding) are unspecified.
-    config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
-    Returns out [T, Hq, D] in q's dtype. Rotated formats (int4): the kernel multiplies q by R when
-    K rotates and the output by R when V rotates (see `_rotation`).
-    """
-    kp, vp = layer_cache.k, layer_cache.v
-    if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
-        raise KVPackError(
-            f"q must be [T, Hq, D] float16/bfloat16/float32, got {tuple(q.shape)} {q.dtype}")
-    T, Hq, D = q.shape
-    Hkv = kp.num_kv_heads
-    if D != kp.fmt.head_dim or D != vp.fmt.head_dim or D % 2:
-        raise KVPackError(f"q head dim {D} does not match the KV cache head dim {kp.fmt.head_dim}")
-    if Hq % Hkv or vp.num_kv_heads != Hkv:
-        raise KVPackError(f"{Hq} query heads are not a multiple of {Hkv} kv heads")
-    if vp.block_size != kp.block_size:
-        raise KVPackError("K and V pools must share one block size")
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
-        raise KVPackError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim")
-    num_seqs = metadata.seq_lens.shape[0]
-    if T == 0 or num_seqs == 0:
-        return out
-    dtype = q.dtype
-    rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
-    q_in, o, r_out = q, out, None
-    if not FUSED_ROTATION or D > 128 or D & (D - 1):  # R too big for shared memory (D > 128), or
-        # registers spill with the int4 channel gathers (80, 96): rotate with fp32 torch matmuls
-        # around the kernel. The fused path is off by default: on the H200 it gave wrong int4
-        # outputs (D=64) and an illegal memory access (D=128) that the interpreter does not show.
-        if rk is not None:
-            q_in = q.float() @ (rk[0].float() * rk[1])
-        if rv is not None:
-            o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        r_out, rk, rv = rv, None, None
-    if q_in.stride(-1) != 1:
-        q_in = q_in.contiguous()
-
-    group = Hq // Hkv
-    quantized = kp.fmt.kind != "float" or vp.fmt.kind != "float"
-    cfg = config or pick_tile_config(D, q.device, dtype, quantized)
-    block_m = max(cfg.block_m, triton.next_power_of_2(group))
-    block_q = block_m // group
-    tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
-    k_ptrs, k_strides, k_fmt, k_mode, k_gs = _pool_args(kp)
-    v_ptrs, v_strides, v_fmt, v_mode, v_gs = _pool_args(vp)
-    dt_k, dt_v = _operand_dtype(kp.fmt, dtype), _operand_dtype(vp.fmt, dtype)
-    carry = cfg.carry_block_ids
-    if carry is None:
-        carry = k_fmt != FMT_FLOAT and v_fmt != FMT_FLOAT
-    bt = metadata.block_tables
-    grid = (tile_seq.numel(), Hkv)
-    _prefill_attn_kernel[grid](
-        q_in, o, tile_seq, tile_start, metadata.query_start_loc, metadata.seq_lens, bt,
-        *k_ptrs, *v_ptrs, rk[0] if rk else q, rv[0] if rv else q,
-        float(scale), rk[1] if rk else 1.0, rv[1] if rv else 1.0,
-        q_in.stride(0), q_in.stride(1), o.stride(0), o.stride(1), bt.stride(0),
-        *k_strides, *v_strides,
-        GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
-        HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
-        K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
-        DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
-        Q_SHIFT=dt_k == torch.float16 and (q_in.dtype != torch.float16 or rk is not None),
-        F32=dtype == torch.float32, ROT_K=rk is not None, ROT_V=rv is not None,
-        CARRY=carry, INTERPRET=INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if r_out is not None:
-        out.copy_(o @ (r_out[0].float() * r_out[1]))
-    return out

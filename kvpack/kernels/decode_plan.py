@@ -1,0 +1,96 @@
+"""Host-side pieces shared by both decode variants (`decode_attention`, `decode_attention_fma`):
+SM count, rotations, per-pool launch arguments, split and variant heuristics, the `DecodePlan`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpack.attention.kv_cache import CachePool
+from kvpack.config import ConfigError
+
+_SM_COUNT: dict[int, int] = {}
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+_rotations: dict[tuple, torch.Tensor] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # CPU interpreter: a few splits, so split-K is exercised
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
+    if not pool.fmt.rotate:
+        return None
+    key = (pool.fmt.head_dim, str(device))
+    if key not in _rotations:
+        _rotations[key] = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
+    return _rotations[key]
+
+
+def _side_args(pool: CachePool) -> tuple[list, list]:
+    """(tensor/stride args, constexpr args) for one pool."""
+    fmt = pool.fmt
+    codes = pool.codes
+    scales = pool.scales if pool.scales is not None else codes
+    zeros = pool.zeros if pool.zeros is not None else scales
+    static = pool.static_scale if pool.static_scale is not None else codes
+    half = fmt.head_dim // 2
+    aligned = fmt.kind == "int4" and half & (half - 1) == 0 and half % fmt.group_size == 0
+    factor = 256.0 if fmt.kind == "fp8_e4m3" else 1.0
+    dot_dt = _TL_DTYPES[codes.dtype] if fmt.kind == "float" else tl.float16
+    tensors = [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
+    consts = [fmt.kernel_id, fmt.scale_mode == "static", fmt.group_size, aligned, factor, dot_dt]
+    return tensors, consts
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
+                      device: torch.device) -> int:
+    """Splits per sequence when num_seqs * Hkv programs do not fill the GPU: at least ~2 programs
+    per SM and at most ~1024 tokens per split (H200 tuning), each split keeping >= 4 tiles."""
+    work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
+    sms = _sm_count(device)
+    if work >= sms:
+        return 1
+    max_splits = max(1, triton.cdiv(max_seq_len, 4 * block_n))
+    want = max(triton.cdiv(2 * sms, work), triton.cdiv(max_seq_len, 1024))
+    return max(1, min(max_splits, want, 128))
+
+
+VARIANTS = ("dot", "fma")
+
+
+def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
+    """"dot" (tensor cores, the default) or "fma" (CUDA cores; both sides quantized only).
+    `variant` or else the environment variable KVPACK_DECODE_VARIANT picks; a float side
+    always runs "dot"."""
+    name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "dot"
+    if name not in VARIANTS:
+        raise ConfigError(f"decode variant {name!r} (argument or KVPACK_DECODE_VARIANT) is not one of "
+                          + ", ".join(VARIANTS))
+    if "float" in (k_kind, v_kind):
+        return "dot"
+    return name
+
+
+@dataclass
+class DecodePlan:
+    """Everything one decode call launches: kernel args (also used to compile ahead of time)."""
+
+    grid: tuple[int, int, int]
+    args: list
+    options: dict
+    merge_grid: tuple[int, int] | None
+    merge_args: list | None
+    out: torch.Tensor  # [T, Hq, D], q's dtype (fp32 when V rotates: rotated back afterwards)
+    rv: torch.Tensor | None
+    kernel: object = None  # the @triton.jit decode kernel (`_decode_kernel` or `_fma_decode_kernel`)
+    variant: str = "dot"
