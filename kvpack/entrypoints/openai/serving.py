@@ -242,6 +242,21 @@ class GroupStream:
         await self._it.aclose()
 
 
+async def open_stream(ctx: ServingContext, prefix: str, prompts: list[list[int]], params: list[Any],
+                      request: Request) -> tuple[str, GroupStream | None]:
+    """Submit the choices and wait for the first result: (request id, stream); the stream is None
+    when the client went away first. An engine error on this request raises its HTTP error."""
+    rid, group = submit(ctx, prefix, prompts, params)
+    stream = GroupStream(ctx, group, request)
+    first = await stream.first()
+    if first is None:
+        return rid, None
+    if first[0] == "error":
+        await stream.close()
+        raise_for_error(first[2])
+    return rid, stream
+
+
 def raise_for_error(payload: Any) -> None:
     if isinstance(payload, KVPackError):
         raise bad_request(str(payload))

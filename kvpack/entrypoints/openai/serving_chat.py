@@ -14,7 +14,7 @@ from kvpack.entrypoints.openai.protocol import (
 )
 from kvpack.entrypoints.openai.serving import (
     ChoiceState, GroupStream, ServingContext, bad_request, build_params, check_prompt_ids,
-    raise_for_error, stop_holdback, submit,
+    open_stream, raise_for_error, stop_holdback,
 )
 from kvpack.entrypoints.openai.sse import DONE, error_event, sse
 
@@ -55,14 +55,9 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
     params = build_params(ctx, req, prompt_len=len(ids), max_tokens=max_tokens,
                           default_max_tokens=ctx.max_model_len, logprobs=k, n=req.n)
     states = [ChoiceState(holdback=stop_holdback(req.stop)) for _ in range(req.n)]
-    rid, group = submit(ctx, "chatcmpl", [ids] * req.n, params)
-    stream = GroupStream(ctx, group, request)
-    first = await stream.first()
-    if first is None:
+    rid, stream = await open_stream(ctx, "chatcmpl", [ids] * req.n, params, request)
+    if stream is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    if first[0] == "error":
-        await stream.close()
-        raise_for_error(first[2])
     model, created = req.model or ctx.model_name, int(time.time())
     if req.stream:
         gen = _stream(ctx, req, rid, created, model, stream, states, len(ids), k)

@@ -12,8 +12,8 @@ from kvpack.entrypoints.openai.protocol import (
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, UsageInfo,
 )
 from kvpack.entrypoints.openai.serving import (
-    MAX_PROMPTS, ChoiceState, GroupStream, ServingContext, bad_request, build_params,
-    check_prompt_ids, raise_for_error, stop_holdback, submit,
+    ChoiceState, GroupStream, MAX_PROMPTS, ServingContext, bad_request, build_params,
+    check_prompt_ids, open_stream, raise_for_error, stop_holdback,
 )
 from kvpack.entrypoints.openai.sse import DONE, error_event, sse
 
@@ -73,14 +73,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, request
             for text, ids in prompts for _ in range(req.n)]
     states = [ChoiceState(holdback=stop_holdback(req.stop)) for _ in all_ids]
     usage_prompt = sum(len(ids) for _, ids in prompts)
-    rid, group = submit(ctx, "cmpl", all_ids, params)
-    stream = GroupStream(ctx, group, request)
-    first = await stream.first()
-    if first is None:
+    rid, stream = await open_stream(ctx, "cmpl", all_ids, params, request)
+    if stream is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    if first[0] == "error":
-        await stream.close()
-        raise_for_error(first[2])
     model, created = req.model or ctx.model_name, int(time.time())
     if req.stream:
         gen = _stream(ctx, req, rid, created, model, stream, states, echo, usage_prompt)
