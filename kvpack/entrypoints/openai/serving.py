@@ -20,7 +20,7 @@ from kvpack.entrypoints.openai.async_engine import (
 )
 from kvpack.entrypoints.openai.metrics import ServerMetrics
 from kvpack.entrypoints.openai.protocol import (
-    MAX_LOGPROBS, MAX_N, UNSUPPORTED_NEUTRAL, random_id,
+    MAX_LOGPROBS, MAX_N, UNSUPPORTED_NEUTRAL, UsageInfo, random_id,
 )
 
 MAX_STOP = 16  # stop strings per request
@@ -255,6 +255,14 @@ async def open_stream(ctx: ServingContext, prefix: str, prompts: list[list[int]]
         await stream.close()
         raise_for_error(first[2])
     return rid, stream
+
+
+def usage_info(ctx: ServingContext, prompt_tokens: int, states: list[ChoiceState]) -> UsageInfo:
+    """OpenAI usage counts of a finished request (all its choices), recorded in the metrics."""
+    gen = sum(len(st.token_ids) for st in states)
+    ctx.metrics.record_usage(prompt_tokens, gen, [st.finish_reason for st in states])
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=gen,
+                     total_tokens=prompt_tokens + gen)
 
 
 def raise_for_error(payload: Any) -> None:

@@ -13,6 +13,7 @@ from kvpack.entrypoints.openai.protocol import (
     ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob, DeltaMessage, TopLogprob, UsageInfo,
 )
 from kvpack.entrypoints.openai.serving import (
+    usage_info,
     ChoiceState, GroupStream, ServingContext, bad_request, build_params, check_prompt_ids,
     open_stream, raise_for_error, stop_holdback,
 )
@@ -72,15 +73,8 @@ async def create_chat_completion(ctx: ServingContext, req: ChatCompletionRequest
                           logprobs=_logprobs(ctx, st.token_ids, st.logprobs, k) if k is not None else None,
                           finish_reason=st.finish_reason) for i, st in enumerate(states)]
     body = ChatCompletionResponse(id=rid, created=created, model=model, choices=choices,
-                                  usage=_usage(ctx, len(ids), states))
+                                  usage=usage_info(ctx, len(ids), states))
     return JSONResponse(body.model_dump())
-
-
-def _usage(ctx: ServingContext, prompt_tokens: int, states: list[ChoiceState]) -> UsageInfo:
-    gen = sum(len(st.token_ids) for st in states)
-    ctx.metrics.record_usage(prompt_tokens, gen, [st.finish_reason for st in states])
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=gen,
-                     total_tokens=prompt_tokens + gen)
 
 
 async def _stream(ctx: ServingContext, req: ChatCompletionRequest, rid: str, created: int,
@@ -108,7 +102,7 @@ async def _stream(ctx: ServingContext, req: ChatCompletionRequest, rid: str, cre
             finish_reason=st.finish_reason)])
     else:
         finished = True
-    usage = _usage(ctx, prompt_tokens, states)
+    usage = usage_info(ctx, prompt_tokens, states)
     if finished and req.include_usage:
         yield chunk([], usage)
     yield DONE

@@ -12,6 +12,7 @@ from kvpack.entrypoints.openai.protocol import (
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, UsageInfo,
 )
 from kvpack.entrypoints.openai.serving import (
+    usage_info,
     ChoiceState, GroupStream, MAX_PROMPTS, ServingContext, bad_request, build_params,
     check_prompt_ids, open_stream, raise_for_error, stop_holdback,
 )
@@ -93,16 +94,9 @@ async def create_completion(ctx: ServingContext, req: CompletionRequest, request
             lp = _logprobs(ctx, st.token_ids, st.logprobs, req.logprobs, len(echo[i]))
         choices.append(CompletionChoice(index=i, text=echo[i] + st.text, logprobs=lp,
                                         finish_reason=st.finish_reason))
-    usage = _usage(ctx, usage_prompt, states)
+    usage = usage_info(ctx, usage_prompt, states)
     body = CompletionResponse(id=rid, created=created, model=model, choices=choices, usage=usage)
     return JSONResponse(body.model_dump())
-
-
-def _usage(ctx: ServingContext, prompt_tokens: int, states: list[ChoiceState]) -> UsageInfo:
-    gen = sum(len(st.token_ids) for st in states)
-    ctx.metrics.record_usage(prompt_tokens, gen, [st.finish_reason for st in states])
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=gen,
-                     total_tokens=prompt_tokens + gen)
 
 
 async def _stream(ctx: ServingContext, req: CompletionRequest, rid: str, created: int, model: str,
@@ -133,7 +127,7 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, rid: str, created
                                       finish_reason=st.finish_reason)])
     else:
         finished = True
-    usage = _usage(ctx, prompt_tokens, states)
+    usage = usage_info(ctx, prompt_tokens, states)
     if finished and req.include_usage:
         yield chunk([], usage)
     yield DONE
