@@ -185,6 +185,14 @@ def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -
 # before the next entry starts.
 TUNE_CONFIGS = [
     ("dot", "dot", {}),  # the current default (the heuristics in plan_decode)
+    ("dot-bn256-w4", "dot", {"block_n": 256, "num_warps": 4}),
+    ("dot-bn256-w8", "dot", {"block_n": 256, "num_warps": 8}),
+    ("dot-bn128-w8", "dot", {"block_n": 128, "num_warps": 8}),
+    ("dot-bn128-w4-s3", "dot", {"block_n": 128, "num_warps": 4, "num_stages": 3}),
+    ("dot-bn256-w8-s3", "dot", {"block_n": 256, "num_warps": 8, "num_stages": 3}),
+    ("dot-bn64-w4-s3", "dot", {"block_n": 64, "num_warps": 4, "num_stages": 3}),
+    ("dot-bn128-w4-s1", "dot", {"block_n": 128, "num_warps": 4, "num_stages": 1}),  # no smem pipelining
+    ("dot-bn512-w8", "dot", {"block_n": 512, "num_warps": 8}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
@@ -194,8 +202,6 @@ TUNE_CONFIGS = [
     ("fma-a2-w4", "fma", {"A": 2, "num_warps": 4}),
     ("fma-a8-w4-noasm", "fma", {"A": 8, "num_warps": 4, "fast_cvt": False}),  # integer ops, no inline PTX
     ("fma-a8-w4-st2", "fma", {"A": 8, "num_warps": 4, "num_stages": 2}),  # Triton's smem pipeliner
-    ("dot-bn256-w4", "dot", {"block_n": 256, "num_warps": 4}),
-    ("dot-bn128-w8", "dot", {"block_n": 128, "num_warps": 8}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]
@@ -218,9 +224,10 @@ def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -
     return kw, base
 
 
-def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path: str | None = None) -> list[dict]:
-    """Every config of TUNE_CONFIGS on every (shape, format) at splits {base/2, base, 2 base} (base:
-    the launcher's heuristic); each fma result is checked against the dot output. bf16 (dot,
+def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path: str | None = None,
+         configs=None, split_mults=(0.5, 1, 2)) -> list[dict]:
+    """Every config of TUNE_CONFIGS (or the names in `configs`) on every (shape, format) at splits
+    base * split_mults (base: the launcher's heuristic); each fma result is checked against the dot output. bf16 (dot,
     default) is timed per shape as the baseline. Rows go to out_path after every config."""
     from kvpack.kernels.decode_attention import decode_paged_attention
 
@@ -234,7 +241,7 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
         _, lc, meta, q = cases[(shape.name, "bf16")]
         bf16_us[shape.name] = time_graph(lambda: decode_paged_attention(q, lc, meta, shape.head_dim ** -0.5,
                                                                         variant="dot"), rep_ms)
-    for name, variant, cfg in TUNE_CONFIGS:
+    for name, variant, cfg in [c for c in TUNE_CONFIGS if configs is None or c[0] in configs]:
         print(f"TUNE config {name} {cfg} at {time.time() - t0:.0f} s", flush=True)
         for shape in shapes:
             for fmt_name in formats:
@@ -247,7 +254,7 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
                 if (shape.name, fmt_name) not in ref_out:
                     ref_out[(shape.name, fmt_name)] = decode_paged_attention(q, lc, meta, scale, variant="dot").float()
                 ref = ref_out[(shape.name, fmt_name)]
-                for splits in sorted({max(1, base // 2), base, min(2 * base, 256)}):
+                for splits in sorted({min(256, max(1, int(base * m))) for m in split_mults}):
                     row = {"shape": shape.name, "format": fmt_name, "config": name, "variant": variant,
                            **{k: v for k, v in cfg.items()}, "block_n": kw.get("block_n"), "splits": splits,
                            "kv_bytes": kv_bytes(lc, shape), "bf16_us": bf16_us[shape.name]}
@@ -394,6 +401,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="compare each kernel with the reference first")
     ap.add_argument("--tune", action="store_true",
                     help="sweep variant (dot/fma) x tile x warps x stages x splits for the quantized formats instead")
+    ap.add_argument("--tune-configs", default=None, help="--tune: comma-separated TUNE_CONFIGS names")
+    ap.add_argument("--tune-splits", default="1,2", help="--tune: split multipliers of the heuristic (0.5,1,2)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="--tune: stop after this many seconds")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names")
     ap.add_argument("--formats", default=",".join(FORMATS))
@@ -418,8 +427,12 @@ def main(argv=None) -> int:
             shapes = [s for s in SHAPES if s.name in TUNE_SHAPES]
         tformats = formats if args.formats != ",".join(FORMATS) else TUNE_FORMATS
         path = os.path.join(args.out, "tune.json")
+        configs = args.tune_configs.split(",") if args.tune_configs else None
+        unknown = set(configs or ()) - {c[0] for c in TUNE_CONFIGS}
+        if unknown:
+            ap.error(f"--tune-configs: unknown {', '.join(sorted(unknown))}")
         rows = tune(shapes, [f for f in tformats if f != "bf16"], device, args.rep_ms or 30, gen,
-                    args.budget_s, path)
+                    args.budget_s, path, configs, [float(m) for m in args.tune_splits.split(",")])
         summary = tune_summary(rows)
         with open(path, "w") as f:
             json.dump({"env": env, "rows": rows, "summary": summary}, f, indent=1)
