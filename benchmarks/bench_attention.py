@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -405,6 +405,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-splits", default="1,2", help="--tune: split multipliers of the heuristic (0.5,1,2)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="--tune: stop after this many seconds")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names")
+    ap.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens) of every shape")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--rep-ms", type=int, default=None)
@@ -416,7 +417,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
     names = args.shapes.split(",") if args.shapes else (QUICK_SHAPES if args.quick else [s.name for s in SHAPES])
-    shapes = [s for s in SHAPES if s.name in names]
+    shapes = [replace(s, block_size=args.block_size) for s in SHAPES if s.name in names]
     formats = args.formats.split(",")
     rep = args.rep_ms or (40 if args.quick else 100)
     env = environment(sys.argv)
@@ -424,7 +425,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.tune:
         if not args.shapes:
-            shapes = [s for s in SHAPES if s.name in TUNE_SHAPES]
+            shapes = [replace(s, block_size=args.block_size) for s in SHAPES if s.name in TUNE_SHAPES]
         tformats = formats if args.formats != ",".join(FORMATS) else TUNE_FORMATS
         path = os.path.join(args.out, "tune.json")
         configs = args.tune_configs.split(",") if args.tune_configs else None

@@ -33,6 +33,12 @@ FORMATS = ["bfloat16", "float16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 # ||triton - reference|| / ||reference|| per step (L2 over the step's logits). Measured under the CPU
 # interpreter with fp16 activations: <= 0.6% (bf16 cache), 1.3% (int4); bf16 rounds 8x coarser.
 REL_TOL = 0.06
+# int4 amplifies rounding noise: a 1-ulp bf16 difference in K or V upstream (attention computed in
+# another order) can move a value across an int4 rounding boundary, a whole step (1/15 of its group's
+# range), and the difference compounds over layers. Measured on the H200 (bf16 activations): 6.5%
+# at head_dim 128 with the bf16 tolerance failing; the control (one changed prompt token) must still
+# move the logits past this tolerance, so the test keeps its power to see a wrong attention.
+REL_TOL_FMT = {"int4": 0.10}
 TIE = 0.05
 BS = 16
 VOCAB = 512
@@ -119,13 +125,14 @@ def _compare(monkeypatch, device, fmt, shape, dtype=torch.bfloat16):
     monkeypatch.setenv("KVPACK_ATTENTION_BACKEND", "reference")
     ref_fwd = lambda kv: lambda i, p, md: lm.model(i, p, kv, md)  # noqa: E731
     want = _run_script(ref_fwd(_zeroed_cache(lm, fmt, device)), lm.model, steps, tables, device)
+    tol = REL_TOL_FMT.get(fmt, REL_TOL)
     for step, (g, w) in enumerate(zip(got, want)):
         err = ((g - w).norm() / w.norm()).item()
-        assert err <= REL_TOL, f"step {step}: relative error {err:.4f} > {REL_TOL}"
+        assert err <= tol, f"step {step}: relative error {err:.4f} > {tol}"
     # control: one changed token of the shared prefix moves b's logits (step 2, row 0) past the tolerance
     steps2, _ = _script(change_prefix=True)
     moved = _run_script(ref_fwd(_zeroed_cache(lm, fmt, device)), lm.model, steps2, tables, device)
-    assert ((moved[2][0] - want[2][0]).norm() / want[2][0].norm()).item() > REL_TOL
+    assert ((moved[2][0] - want[2][0]).norm() / want[2][0].norm()).item() > tol
 
 
 @pytest.mark.gpu
