@@ -312,9 +312,10 @@ def environment(argv) -> dict:
     import triton
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    commit = sh(["git", "-C", root, "rev-parse", "HEAD"])
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):  # no .git (e.g. a copied tree): KVPACK_COMMIT=...
-        commit = os.environ.get("KVPACK_COMMIT", "unknown")
+    # KVPACK_COMMIT=... first: a copied tree (the GPU box) may carry a stale .git
+    commit = os.environ.get("KVPACK_COMMIT") or sh(["git", "-C", root, "rev-parse", "HEAD"])
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        commit = "unknown"
     props = torch.cuda.get_device_properties(0)
     return {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
             "driver": sh(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),

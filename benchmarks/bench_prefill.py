@@ -53,7 +53,7 @@ def env_info(argv: list[str], dev: torch.device) -> dict:
         "capability": list(torch.cuda.get_device_capability(dev)) if dev.type == "cuda" else None,
         "driver": sh(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0],
         "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__,
-        "commit": sh(["git", "rev-parse", "--short", "HEAD"]) + ("-dirty" if dirty else ""),
+        "commit": os.environ.get("KVPACK_COMMIT") or (sh(["git", "rev-parse", "--short", "HEAD"]) + ("-dirty" if dirty else "")),
         "command": " ".join([os.path.basename(sys.executable)] + argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }

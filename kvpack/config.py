@@ -152,7 +152,8 @@ class CacheConfig:
     k_cache_dtype: str | None = None
     v_cache_dtype: str | None = None
     kv_scales_path: str | None = None
-    kv_rotation: bool = True  # Hadamard rotation of the head dim for int4
+    kv_rotation: bool = True  # Hadamard rotation of the head dim for int4 and fp8 (formats.ROTATE_KINDS)
+    kv_centering: bool = True  # subtract per-channel K (and fp8 V) means before quantizing (CENTER_KINDS)
     int4_group_size: int = 32
     num_blocks: int | None = None  # fixed pool size; otherwise from the memory budget
     kv_cache_memory: int | None = None  # bytes for the KV pools

@@ -39,7 +39,7 @@ def rand_fp16(shape, lo, hi, g):
 def test_resolve_names(name, canon, kind, kid, storage):
     f = resolve_format(name, head_dim=128)
     assert (f.name, f.kind, f.kernel_id, f.storage_dtype) == (canon, kind, kid, storage)
-    assert f.rotate == (kind == "int4") and f.has_zero == (kind == "int4")
+    assert f.rotate == (kind in ("int4", "fp8_e4m3", "fp8_e5m2")) and f.has_zero == (kind == "int4")
 
 
 def test_kernel_ids_are_the_contract():

@@ -61,6 +61,9 @@ class CachePool:
 class LayerKVCache:
     k: CachePool
     v: CachePool
+    # [Hkv, D] float32 means subtracted from K / V before they are written (formats' `center`), or None
+    k_mean: torch.Tensor | None = None
+    v_mean: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -91,21 +94,27 @@ def resolve_kv_formats(
     cache_config: CacheConfig,
     model_dtype: torch.dtype,
     static: bool | None = None,
+    centered: bool | None = None,
 ) -> tuple[KVFormat, KVFormat]:
     """K and V formats of `cache_config`. `static` (default: a scales file is configured) switches
-    int8 and fp8 formats to static per-(layer, kv head) scales; other formats ignore it."""
+    int8 and fp8 formats to static per-(layer, kv head) scales; other formats ignore it. `centered`
+    (default: cache_config.kv_centering) centers the sides formats.CENTER_KINDS names; it must be
+    False when no means are available (see `kvpack.engine.centering.kv_means`)."""
     if static is None:
         static = cache_config.kv_scales_path is not None
+    if centered is None:
+        centered = cache_config.kv_centering
 
-    def one(name: str) -> KVFormat:
+    def one(name: str, side: str) -> KVFormat:
         kw = dict(head_dim=model_config.head_dim, rotate=cache_config.kv_rotation,
-                  int4_group_size=cache_config.int4_group_size, model_dtype=model_dtype)
+                  int4_group_size=cache_config.int4_group_size, model_dtype=model_dtype,
+                  side=side, center=centered)
         fmt = resolve_format(name, static=False, **kw)
         if static and fmt.kind in STATIC_KINDS:
             fmt = resolve_format(name, static=True, **kw)
         return fmt
 
-    return one(cache_config.k_dtype_name), one(cache_config.v_dtype_name)
+    return one(cache_config.k_dtype_name, "k"), one(cache_config.v_dtype_name, "v")
 
 
 def allocate_pool(
@@ -145,8 +154,12 @@ def allocate_kv_cache(
     device: torch.device | str,
     model_dtype: torch.dtype,
     static_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    means: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> KVCache:
     """Allocate every layer's K and V pools.
+
+    means: optional (k_mean, v_mean), each [num_layers, num_kv_heads, head_dim] float32
+    (`kvpack.engine.centering.kv_means`); without them no side is centered.
 
     static_scales: optional (k_scales, v_scales), each [num_layers, num_kv_heads] float32 (e.g.
     `load_scales(...).for_format(kind)`); given (or `cache_config.kv_scales_path` set), int8 and fp8
@@ -155,14 +168,21 @@ def allocate_kv_cache(
     if num_blocks <= 0:
         raise ConfigError(f"the KV cache needs at least one block, got num_blocks={num_blocks}")
     static = static_scales is not None or cache_config.kv_scales_path is not None
-    k_fmt, v_fmt = resolve_kv_formats(model_config, cache_config, model_dtype, static=static)
+    k_fmt, v_fmt = resolve_kv_formats(model_config, cache_config, model_dtype, static=static,
+                                      centered=cache_config.kv_centering and means is not None)
     L, H = model_config.num_layers, model_config.num_kv_heads
+    if means is not None:
+        for name, m in zip("KV", means):
+            if tuple(m.shape) != (L, H, model_config.head_dim):
+                raise ConfigError(f"{name} means have shape {tuple(m.shape)}, expected "
+                                  f"({L}, {H}, {model_config.head_dim}) (num_layers, num_kv_heads, head_dim)")
+        means = tuple(m.to(device=device, dtype=torch.float32).contiguous() for m in means)
     if static_scales is None and "static" in (k_fmt.scale_mode, v_fmt.scale_mode):
         from kvpack.formats import load_scales  # lazy: the scales file reader
 
         file = load_scales(cache_config.kv_scales_path, model_config)
-        static_scales = (file.for_format(k_fmt)[0] if k_fmt.scale_mode == "static" else None,
-                         file.for_format(v_fmt)[1] if v_fmt.scale_mode == "static" else None)
+        static_scales = (file.for_format(k_fmt, "k")[0] if k_fmt.scale_mode == "static" else None,
+                         file.for_format(v_fmt, "v")[1] if v_fmt.scale_mode == "static" else None)
     if static_scales is not None:
         for name, s in zip("KV", static_scales):
             if s is not None and tuple(s.shape) != (L, H):
@@ -176,6 +196,8 @@ def allocate_kv_cache(
         layers.append(LayerKVCache(
             k=allocate_pool(k_fmt, num_blocks, H, cache_config.block_size, device, ks),
             v=allocate_pool(v_fmt, num_blocks, H, cache_config.block_size, device, vs),
+            k_mean=means[0][i] if k_fmt.center else None,
+            v_mean=means[1][i] if v_fmt.center else None,
         ))
     return KVCache(layers=layers, num_blocks=num_blocks, block_size=cache_config.block_size)
 

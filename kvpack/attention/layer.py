@@ -45,8 +45,15 @@ class Attention(nn.Module):
             out = causal_attention(q, k, v, metadata, self.scale)
         else:
             backend = get_attention_backend(q.device)
+            if layer_cache.k_mean is not None:  # softmax-invariant: each query's scores shift by q . mean
+                k = k.float() - layer_cache.k_mean
+            if layer_cache.v_mean is not None:  # added back below: the probabilities sum to 1
+                v = v.float() - layer_cache.v_mean
             backend.write_kv(k, v, layer_cache, metadata.slot_mapping)
             out = backend.paged_attention(q, layer_cache, metadata, self.scale)
+            if layer_cache.v_mean is not None:
+                g = self.num_heads // self.num_kv_heads
+                out = (out.float() + layer_cache.v_mean.repeat_interleave(g, dim=0)).to(q.dtype)
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

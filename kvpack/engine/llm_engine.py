@@ -90,8 +90,13 @@ class LLMEngine:
         if self.tokenizer is not None:
             self.eos_token_ids = tuple(dict.fromkeys((*self.eos_token_ids, *self.tokenizer.eos_token_ids)))
         model_dtype = loaded.model.dtype
-        self.k_format, self.v_format = resolve_kv_formats(self.model_config, cc, model_dtype)
-        self.kv_cache = allocate_kv_cache(self.model_config, cc, num_blocks, self.device, model_dtype)
+        from kvpack.engine.centering import kv_means  # lazy: it imports the scoring tools
+
+        means = kv_means(loaded, cc)  # None: nothing centered (off, no centered side, or no probe)
+        self.k_format, self.v_format = resolve_kv_formats(self.model_config, cc, model_dtype,
+                                                          centered=means is not None)
+        self.kv_cache = allocate_kv_cache(self.model_config, cc, num_blocks, self.device, model_dtype,
+                                          means=means)
         self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         self.scheduler = Scheduler(sc, self.block_manager)
         gen = torch.Generator(device=self.device)
@@ -123,6 +128,7 @@ class LLMEngine:
         kv_scales: str | None = None,
         kv_scales_path: str | None = None,
         kv_rotation: bool = True,
+        kv_centering: bool = True,
         int4_group_size: int = 32,
         block_size: int = 16,
         max_num_seqs: int | None = None,
@@ -151,7 +157,7 @@ class LLMEngine:
         cache_config = CacheConfig(
             block_size=block_size, kv_cache_dtype=kv_cache_dtype, k_cache_dtype=k_cache_dtype,
             v_cache_dtype=v_cache_dtype, kv_scales_path=kv_scales or kv_scales_path,
-            kv_rotation=kv_rotation,
+            kv_rotation=kv_rotation, kv_centering=kv_centering,
             int4_group_size=int4_group_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
             gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
         )

@@ -24,6 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="absmax, or percentile:P: the P-th percentile over tokens of each token's "
                         f"absolute maximum (default {DEFAULT_STATISTIC}; measured more accurate than "
                         "absmax, see results/eval/static_scale_statistic.md)")
+    p.add_argument("--no-kv-centering", dest="kv_centering", action="store_false",
+                   help="do not measure K/V means; statistics of uncentered vectors")
+    p.add_argument("--no-kv-rotation", dest="kv_rotation", action="store_false",
+                   help="fp8 statistics of unrotated vectors (for caches run with --no-kv-rotation)")
     p.add_argument("--out", required=True, help="output scales file (JSON)")
     return p
 
@@ -35,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     loaded, ids = load_for_tool(args)
     data = calibrate(loaded, ids[args.skip_tokens:], args.out, window=args.window,
                      max_tokens=args.max_tokens, statistic=args.statistic,
-                     block_size=args.block_size, progress=sys.stderr.isatty())
+                     block_size=args.block_size, progress=sys.stderr.isatty(),
+                     kv_centering=args.kv_centering, kv_rotation=args.kv_rotation)
     print(f"kvpack calibrate: {data['num_tokens']} tokens, statistic {data['statistic']}, "
           f"{len(data['k']['absmax'])} layers x {len(data['k']['absmax'][0])} kv heads -> {args.out}",
           file=sys.stderr)

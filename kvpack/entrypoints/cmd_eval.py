@@ -28,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--skip-tokens", type=int, default=0,
                    help="skip this many tokens of the text first (e.g. the calibration part)")
     p.add_argument("--chunk-size", type=int, default=256, help="prefill chunk size (default 256)")
-    p.add_argument("--no-kv-rotation", action="store_true", help="no Hadamard rotation for int4")
+    p.add_argument("--no-kv-rotation", action="store_true", help="no Hadamard rotation for int4 and fp8")
+    p.add_argument("--no-kv-centering", action="store_true",
+                   help="no per-channel K (fp8: and V) mean subtraction (means: --kv-scales, else the probe text)")
     p.add_argument("--int4-group-size", type=int, default=32, choices=(32, 64),
                    help="int4 channels per scale/zero group (default 32)")
     p.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
                     max_tokens=args.max_tokens, kv_scales=args.kv_scales,
                     block_size=args.block_size, chunk_size=args.chunk_size,
                     kv_rotation=not args.no_kv_rotation, int4_group_size=args.int4_group_size,
+                    kv_centering=not args.no_kv_centering,
                     progress=sys.stderr.isatty())
     sys.stdout.write(markdown_table(rows))
     if args.json:

@@ -39,7 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="scales file from `kvpack calibrate`: static per-(layer, head) scales for "
                         "int8 / fp8 instead of per-token scales")
     c.add_argument("--no-kv-rotation", dest="kv_rotation", action="store_false",
-                   help="int4: store K/V without the Hadamard rotation")
+                   help="int4 / fp8: store K/V without the Hadamard rotation")
+    c.add_argument("--no-kv-centering", dest="kv_centering", action="store_false",
+                   help="store quantized K (and fp8 V) without subtracting their per-channel means "
+                        "(from --kv-scales, else from a probe text run at start)")
     c.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block: 8, 16, 32, 64, 128 (default 16)")
     c.add_argument("--num-blocks", type=int, default=None,
                    help="fixed number of KV blocks (default: from the memory budget)")
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     llm = LLM(model=args.model, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
               k_cache_dtype=args.k_cache_dtype, v_cache_dtype=args.v_cache_dtype,
-              kv_scales=args.kv_scales, kv_rotation=args.kv_rotation, block_size=args.block_size,
+              kv_scales=args.kv_scales, kv_rotation=args.kv_rotation, kv_centering=args.kv_centering, block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,

@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--v-cache-dtype", default=None, help="V cache format (overrides --kv-cache-dtype)")
     p.add_argument("--kv-scales", default=None,
                    help="scales file from `kvpack calibrate`: static scales for int8 / fp8")
+    p.add_argument("--no-kv-rotation", dest="kv_rotation", action="store_false",
+                   help="int4 / fp8: store K/V without the Hadamard rotation")
+    p.add_argument("--no-kv-centering", dest="kv_centering", action="store_false",
+                   help="no per-channel K (fp8: and V) mean subtraction")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output, tokens")
     p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per batch")
     p.add_argument("--block-size", type=int, default=None, help="KV cache block size (tokens)")
@@ -53,6 +57,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "v_cache_dtype": args.v_cache_dtype, "kv_scales_path": args.kv_scales,
         "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
         "block_size": args.block_size, "num_blocks": args.num_kv_blocks,
+        "kv_rotation": getattr(args, "kv_rotation", True), "kv_centering": getattr(args, "kv_centering", True),
     }
     return {k: v for k, v in kw.items() if v is not None}
 

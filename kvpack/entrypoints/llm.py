@@ -33,6 +33,7 @@ class LLM:
         v_cache_dtype: str | None = None,
         kv_scales: str | None = None,
         kv_rotation: bool = True,
+        kv_centering: bool = True,
         block_size: int = 16,
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
@@ -49,6 +50,7 @@ class LLM:
         self.llm_engine = LLMEngine.from_args(
             model, dtype=dtype, kv_cache_dtype=kv_cache_dtype, k_cache_dtype=k_cache_dtype,
             v_cache_dtype=v_cache_dtype, kv_scales=kv_scales, kv_rotation=kv_rotation,
+            kv_centering=kv_centering,
             block_size=block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching, num_blocks=num_blocks,

@@ -3,13 +3,18 @@
 Written by `kvpack calibrate` (`save_scales`), read by the engine (`load_scales`). Format
 (versioned JSON; see docs/scales_format.md):
 
-    {"format": "kvpack-kv-scales", "version": 1,
+    {"format": "kvpack-kv-scales", "version": 2,
      "model": {"architecture", "num_layers", "num_kv_heads", "head_dim", "fingerprint", "weights_hash"},
      "statistic": "absmax" | "percentile:99.9", "num_tokens": N, "rotation": false,
-     "k": {"absmax": [[per head] per layer]}, "v": {"absmax": ...},
-     "scales": {"int8": {"k": [[...]], "v": [[...]]}, "fp8_e4m3": {...}, "fp8_e5m2": {...}}}
+     "k": {"absmax": [[per head] per layer], "mean": [[[per channel] per head] per layer]},
+     "v": {"absmax": ..., "mean": ...},
+     "scales": {"int8": {"k": [[...]], "v": [[...]], "k_center": true, "k_rotate": false,
+                         "v_center": false, "v_rotate": false}, "fp8_e4m3": {...}, "fp8_e5m2": {...}}}
 
-Derived scale = statistic / QMAX[kind] in float32 (0 -> 1, as for dynamic scales).
+Derived scale = statistic / QMAX[kind] in float32 (0 -> 1, as for dynamic scales), the statistic taken
+of K / V as that kind stores them (centered by the file's means and/or rotated, as the flags say).
+"absmax" and "rotation" at the top are of the raw vectors. Version 1 files (no means, no flags: raw
+statistics) still load; formats that center or rotate then refuse their scales.
 Every problem with a file raises `ConfigError` with one line naming the file and the problem.
 """
 
@@ -27,7 +32,8 @@ from kvpack.config import ConfigError, KVPackError, ModelConfig
 from kvpack.formats.base import QMAX, STATIC_KINDS, KVFormat
 
 SCALES_FORMAT = "kvpack-kv-scales"
-SCALES_VERSION = 1
+SCALES_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _SHAPE_KEYS = ("num_layers", "num_kv_heads", "head_dim")
 
 
@@ -74,12 +80,29 @@ class KVScales:
     scales: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     fingerprint: str = ""
     weights_hash: str | None = None
+    k_mean: torch.Tensor | None = None  # [L, H, D] float32 (version 2)
+    v_mean: torch.Tensor | None = None
+    # kind -> {"k_center", "k_rotate", "v_center", "v_rotate"}: how each kind's statistic was taken
+    transforms: dict[str, dict[str, bool]] = field(default_factory=dict)
 
-    def for_format(self, kind: str | KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k, v) static scales [L, H] float32 for an int8 / fp8 kind (or a KVFormat)."""
-        kind = kind.kind if isinstance(kind, KVFormat) else kind
+    def for_format(self, kind: str | KVFormat, side: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) static scales [L, H] float32 for an int8 / fp8 kind (or a KVFormat). With a KVFormat
+        and its `side` ("k" or "v"), the file must have measured that side as the format stores it
+        (centered / rotated), else a ConfigError says to re-run `kvpack calibrate`."""
+        fmt = kind if isinstance(kind, KVFormat) else None
+        kind = fmt.kind if fmt is not None else kind
         if kind not in STATIC_KINDS:
             raise ConfigError(f"static KV scales apply to {', '.join(STATIC_KINDS)}, not {kind!r}")
+        if fmt is not None and side is not None:
+            t = self.transforms.get(kind, {})
+            for what, want in (("center", fmt.center), ("rotate", fmt.rotate)):
+                have = bool(t.get(f"{side}_{what}", False))
+                if have != want:
+                    raise ConfigError(
+                        f"KV scales file {self.path}: {kind} {side.upper()} scales were calibrated "
+                        f"{'with' if have else 'without'} {'centering' if what == 'center' else 'rotation'} "
+                        f"but the cache stores {side.upper()} {'with' if want else 'without'} it; re-run "
+                        f"kvpack calibrate with the same --no-kv-centering / --no-kv-rotation choices")
         if kind in self.scales:
             return self.scales[kind]
         return derive_scales(self.k_absmax, kind), derive_scales(self.v_absmax, kind)
@@ -95,11 +118,17 @@ def save_scales(
     statistic: str = "absmax",
     rotation: bool = False,
     weights_hash: str | None = None,
+    means: tuple[torch.Tensor, torch.Tensor] | None = None,
+    per_kind: dict[str, tuple[torch.Tensor, torch.Tensor, dict[str, bool]]] | None = None,
 ) -> dict:
     """Write a scales file (atomically) and return its JSON dict.
 
     k_absmax, v_absmax: [num_layers, num_kv_heads], the calibration statistic per (layer, kv head)
     of K and V as they enter the cache (after RoPE; after the rotation when `rotation`).
+    means: optional (k_mean, v_mean) [num_layers, num_kv_heads, head_dim] (the centering means).
+    per_kind: optional {kind: (k_stat, v_stat, transforms)}: the statistic of K / V as that kind
+    stores them (transforms: k_center, k_rotate, v_center, v_rotate); kinds not named derive their
+    scales from k_absmax / v_absmax (raw vectors).
     """
     mc = model_config
     shape = (mc.num_layers, mc.num_kv_heads)
@@ -126,11 +155,20 @@ def save_scales(
         "rotation": bool(rotation),
         "k": {"absmax": k.tolist()},
         "v": {"absmax": v.tolist()},
-        "scales": {
-            kind: {"k": derive_scales(k, kind).tolist(), "v": derive_scales(v, kind).tolist()}
-            for kind in STATIC_KINDS
-        },
+        "scales": {},
     }
+    for kind in STATIC_KINDS:
+        ks, vs, flags = (per_kind or {}).get(kind, (k, v, {}))
+        flags = {f"{side}_{what}": bool(flags.get(f"{side}_{what}", False))
+                 for side in "kv" for what in ("center", "rotate")}
+        data["scales"][kind] = {"k": derive_scales(torch.as_tensor(ks).float().cpu(), kind).tolist(),
+                                "v": derive_scales(torch.as_tensor(vs).float().cpu(), kind).tolist(), **flags}
+    if means is not None:
+        for side, m in zip("kv", means):
+            m = torch.as_tensor(m).float().cpu()
+            if tuple(m.shape) != (*shape, mc.head_dim) or not bool(torch.isfinite(m).all()):
+                raise KVPackError(f"save_scales: {side} mean must be finite with shape {[*shape, mc.head_dim]}")
+            data[side]["mean"] = m.tolist()
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -160,8 +198,9 @@ def load_scales(
         raise bad(f"cannot be read ({e})") from None
     if not isinstance(data, dict) or data.get("format") != SCALES_FORMAT:
         raise bad(f"not a kvpack KV scales file (expected \"format\": \"{SCALES_FORMAT}\")")
-    if data.get("version") != SCALES_VERSION:
-        raise bad(f"unsupported version {data.get('version')!r}; this kvpack reads version {SCALES_VERSION}")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise bad(f"unsupported version {data.get('version')!r}; this kvpack reads versions "
+                  + ", ".join(map(str, READABLE_VERSIONS)))
     model = data.get("model")
     if not isinstance(model, dict):
         raise bad("missing the \"model\" object")
@@ -176,13 +215,17 @@ def load_scales(
     if not isinstance(rotation, bool):
         raise bad(f"rotation must be true or false, got {rotation!r}")
     shape = (model_config.num_layers, model_config.num_kv_heads)
-    absmax = {}
+    absmax, means = {}, {}
     for side in ("k", "v"):
         obj = data.get(side)
         if not isinstance(obj, dict) or "absmax" not in obj:
             raise bad(f"missing \"{side}\": {{\"absmax\": ...}}")
         absmax[side] = _matrix(obj["absmax"], f"{side}.absmax", shape, bad, positive=False)
-    scales = {}
+        if "mean" in obj:
+            means[side] = _means(obj["mean"], f"{side}.mean", (*shape, model_config.head_dim), bad)
+    if len(means) == 1:
+        raise bad("holds a mean for one of K and V only")
+    scales, transforms = {}, {}
     derived = data.get("scales", {})
     if not isinstance(derived, dict):
         raise bad("\"scales\" must be an object")
@@ -192,8 +235,31 @@ def load_scales(
         if not isinstance(obj, dict) or "k" not in obj or "v" not in obj:
             raise bad(f"scales.{kind} must hold \"k\" and \"v\"")
         scales[kind] = tuple(_matrix(obj[s], f"scales.{kind}.{s}", shape, bad, positive=True) for s in "kv")
+        flags = {}
+        for key in ("k_center", "k_rotate", "v_center", "v_rotate"):
+            val = obj.get(key, rotation if key.endswith("rotate") else False)
+            if not isinstance(val, bool):
+                raise bad(f"scales.{kind}.{key} must be true or false, got {val!r}")
+            flags[key] = val
+        if (flags["k_center"] or flags["v_center"]) and not means:
+            raise bad(f"scales.{kind} says centered but the file holds no k/v means")
+        transforms[kind] = flags
     return KVScales(path, statistic, num_tokens, rotation, absmax["k"], absmax["v"], scales,
-                    model.get("fingerprint", ""), model.get("weights_hash"))
+                    model.get("fingerprint", ""), model.get("weights_hash"), means.get("k"), means.get("v"),
+                    transforms)
+
+
+def _means(obj, where: str, shape: tuple[int, int, int], bad) -> torch.Tensor:
+    try:
+        t = torch.tensor(obj, dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise bad(f"{where} must be a [{shape[0]}][{shape[1]}][{shape[2]}] list of numbers "
+                  "(layers x kv heads x head_dim)") from None
+    if tuple(t.shape) != shape:
+        raise bad(f"{where} has shape {list(t.shape)}, expected {list(shape)} (layers x kv heads x head_dim)")
+    if not bool(torch.isfinite(t).all()):
+        raise bad(f"{where} holds values that are not finite")
+    return t
 
 
 def _check_model(model: dict, mc: ModelConfig, weights_hash: str | None, bad) -> None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kvpack.kernels.quant import f32_to_bf16_rne
+from kvpack.kernels.quant import f32_round_f16, f32_to_bf16_rne
 
 
 def fused_ops_enabled(x: torch.Tensor, force_triton: bool = False) -> bool:
@@ -71,6 +71,8 @@ def _round(x, OUT_BF16: tl.constexpr, OUT_DT: tl.constexpr):
     """float32 -> the activation dtype (nearest even) -> float32."""
     if OUT_BF16:
         y = f32_to_bf16_rne(x).to(tl.float32)
+    elif OUT_DT == tl.float16:
+        y = f32_round_f16(x)
     else:
         y = x.to(OUT_DT).to(tl.float32)
     return y

@@ -271,6 +271,21 @@ def int8_to_f16(c):
     return out
 
 
+# float32 -> float16 (nearest even) -> float32 in one asm block: written as two Triton casts, the
+# compiler may fold the round trip away on the GPU (measured: 1.1% of fp16 RoPE outputs 1 ulp off).
+_ASM_ROUND_F16 = "{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }"
+
+
+@triton.jit
+def f32_round_f16(x):
+    """Round float32 values to the nearest float16 (ties to even), returned as float32."""
+    if _INTERPRET_C:
+        out = x.to(tl.float16).to(tl.float32)
+    else:
+        out = tl.inline_asm_elementwise(_ASM_ROUND_F16, "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    return out
+
+
 @triton.jit
 def int4_to_f16(b):
     """Packed int4 bytes -> (low nibble, high nibble) as float16 codes 0..15 (exact)."""

@@ -37,7 +37,9 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
                         f"(default {default_formats})")
     p.add_argument("--kv-scales", default=None, help="scales file for static int8/fp8 scales")
     p.add_argument("--int4-group-size", type=int, default=32, choices=(32, 64))
-    p.add_argument("--no-kv-rotation", action="store_true", help="int4 without the Hadamard rotation")
+    p.add_argument("--no-kv-rotation", action="store_true", help="int4 / fp8 without the Hadamard rotation")
+    p.add_argument("--no-kv-centering", action="store_true",
+                   help="no per-channel K (fp8: and V) mean subtraction (needs a tokenizer or --kv-scales means)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -108,6 +110,7 @@ def engine_kwargs(args: argparse.Namespace, item: str, **overrides: Any) -> dict
     kv, k, v = split_format(item)
     kw = dict(dtype=args.dtype, kv_cache_dtype=kv, k_cache_dtype=k, v_cache_dtype=v,
               kv_scales=args.kv_scales, kv_rotation=not args.no_kv_rotation,
+              kv_centering=not args.no_kv_centering,
               int4_group_size=args.int4_group_size, block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
@@ -258,8 +261,9 @@ def env_info() -> dict[str, Any]:
     else:
         info["gpu"] = None
         info["cpu"] = platform.processor() or platform.machine()
-    info["commit"] = _run(["git", "rev-parse", "--short", "HEAD"],
-                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    # KVPACK_COMMIT first: a copied tree (the GPU box) may carry a stale .git
+    info["commit"] = os.environ.get("KVPACK_COMMIT") or _run(["git", "rev-parse", "--short", "HEAD"],
+                                                             cwd=os.path.dirname(os.path.abspath(__file__)))
     return info
 
 

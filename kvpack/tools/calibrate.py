@@ -4,20 +4,22 @@ The model runs over the text window by window through the paged cache (bf16 cach
 prefill, as `kvpack eval` does); a forward pre-hook on every attention layer sees K (after RoPE)
 and V on their way into the cache and records, per (layer, kv head), the absolute maximum of
 each token's vector. The statistic over tokens is the maximum (`absmax`) or a percentile
-(`percentile:P`) of those per-token maxima. int8 and fp8 formats store unrotated K/V, so the
-statistics are of unrotated vectors (`rotation: false` in the file).
+(`percentile:P`) of those per-token maxima, taken of K and V as each static kind stores them:
+minus the means (centering, measured in a first pass and written to the file) and/or rotated.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 from tqdm import tqdm
 
 from kvpack.attention.layer import Attention
 from kvpack.config import CacheConfig, KVPackError
+from kvpack.engine.centering import attention_layers, measure_kv_means
 from kvpack.formats import save_scales
+from kvpack.formats.base import CENTER_KINDS, ROTATE_KINDS, STATIC_KINDS
+from kvpack.formats.rotation import hadamard
 from kvpack.models.loader import LoadedModel
 from kvpack.tools.scoring import PagedScorer, token_windows
 
@@ -42,32 +44,38 @@ def parse_statistic(statistic: str) -> float | None:
 
 
 class _Recorder:
-    """Per-token absmax of K and V for every attention layer: lists of [T, Hkv] float32."""
+    """Per-token absmax of K and V for every attention layer, for each way a format stores them:
+    {(side, center, rotate): per layer list of [T, Hkv] float32}."""
 
-    def __init__(self, layers: list[Attention]) -> None:
-        self.k: list[list[torch.Tensor]] = [[] for _ in layers]
-        self.v: list[list[torch.Tensor]] = [[] for _ in layers]
+    def __init__(self, layers: list[Attention], views: set[tuple[str, bool, bool]], means=None) -> None:
+        self.views = sorted(views)
+        self.stats = {view: [[] for _ in layers] for view in self.views}
+        self.means = means
         self.handles = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(layers)]
-        self.layers = layers
 
     def _hook(self, i: int):
         def hook(module: Attention, args):
             _, k, v = args[:3]
             t = k.shape[0]
-            k = k.reshape(t, module.num_kv_heads, module.head_dim).float()
-            v = v.reshape(t, module.num_kv_heads, module.head_dim).float()
-            self.k[i].append(k.abs().amax(dim=-1).cpu())
-            self.v[i].append(v.abs().amax(dim=-1).cpu())
+            x = {"k": k.reshape(t, module.num_kv_heads, module.head_dim).float(),
+                 "v": v.reshape(t, module.num_kv_heads, module.head_dim).float()}
+            for side, center, rotate in self.views:
+                y = x[side]
+                if center:
+                    y = y - self.means[0 if side == "k" else 1][i].to(y.device)
+                if rotate:
+                    y = y @ hadamard(module.head_dim, y.device)
+                self.stats[(side, center, rotate)][i].append(y.abs().amax(dim=-1).cpu())
         return hook
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
 
-    def statistic(self, which: str, percentile: float | None) -> torch.Tensor:
+    def statistic(self, view: tuple[str, bool, bool], percentile: float | None) -> torch.Tensor:
         """[num_layers, num_kv_heads]."""
         rows = []
-        for per_layer in getattr(self, which):
+        for per_layer in self.stats[view]:
             x = torch.cat(per_layer)  # [tokens, Hkv]
             rows.append(x.amax(dim=0) if percentile is None else _percentile(x, percentile))
         return torch.stack(rows)
@@ -85,22 +93,37 @@ def _percentile(x: torch.Tensor, p: float) -> torch.Tensor:
 
 def calibrate(loaded: LoadedModel, text_ids: list[int], out: str, *, window: int = 1024,
               max_tokens: int | None = None, statistic: str = DEFAULT_STATISTIC, block_size: int = 16,
-              chunk_size: int = 256, progress: bool = True) -> dict:
-    """Run the calibration and write the scales file; returns its JSON dict."""
+              chunk_size: int = 256, progress: bool = True, kv_centering: bool = True,
+              kv_rotation: bool = True) -> dict:
+    """Run the calibration and write the scales file; returns its JSON dict.
+
+    With centering, a first pass over the text measures the K and V means (stored in the file and
+    used by every centered format that loads it); the second pass records, for each static kind, the
+    statistic of K and V as that kind stores them (centered / rotated per formats.CENTER_KINDS and
+    ROTATE_KINDS, unless kv_centering / kv_rotation turn them off)."""
     percentile = parse_statistic(statistic)
     windows = token_windows(text_ids, window, max_tokens)
-    layers = [m for m in loaded.model.modules() if isinstance(m, Attention)]
-    if len(layers) != loaded.model_config.num_layers:
-        raise KVPackError(f"found {len(layers)} attention layers, expected {loaded.model_config.num_layers}")
-    cache = CacheConfig(block_size=block_size, kv_cache_dtype="bfloat16")
+    if not windows:
+        raise KVPackError("calibrate: the text has no tokens to calibrate on")
+    layers = attention_layers(loaded)
+    bar = (lambda desc: (lambda it: tqdm(it, desc=desc, unit="window", disable=not progress)))  # noqa: E731
+    means = measure_kv_means(loaded, windows, chunk_size, bar("calibrate: means")) if kv_centering else None
+    flags = {kind: {f"{side}_center": kv_centering and kind in CENTER_KINDS[side] for side in "kv"}
+             | {f"{side}_rotate": kv_rotation and kind in ROTATE_KINDS for side in "kv"} for kind in STATIC_KINDS}
+    views = {(side, False, False) for side in "kv"}
+    views |= {(side, f[f"{side}_center"], f[f"{side}_rotate"]) for f in flags.values() for side in "kv"}
+    cache = CacheConfig(block_size=block_size, kv_cache_dtype="bfloat16", kv_centering=False)
     scorer = PagedScorer(loaded, cache, window, chunk_size)
-    rec = _Recorder(layers)
+    rec = _Recorder(layers, views, means)
     try:
-        for ids in tqdm(windows, desc="calibrate", unit="window", disable=not progress):
+        for ids in bar("calibrate: scales")(windows):
             scorer.logits(ids, want_logits=False)
     finally:
         rec.remove()
     num_tokens = sum(len(w) for w in windows)
-    return save_scales(out, loaded.model_config, k_absmax=rec.statistic("k", percentile),
-                       v_absmax=rec.statistic("v", percentile), num_tokens=num_tokens,
-                       statistic=statistic, rotation=False)
+    stat = {view: rec.statistic(view, percentile) for view in rec.views}
+    per_kind = {kind: (stat[("k", f["k_center"], f["k_rotate"])], stat[("v", f["v_center"], f["v_rotate"])], f)
+                for kind, f in flags.items()}
+    return save_scales(out, loaded.model_config, k_absmax=stat[("k", False, False)],
+                       v_absmax=stat[("v", False, False)], num_tokens=num_tokens,
+                       statistic=statistic, rotation=False, means=means, per_kind=per_kind)

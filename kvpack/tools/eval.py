@@ -20,6 +20,7 @@ from kvpack.config import CacheConfig, ConfigError
 from kvpack.formats import kv_bytes_per_token, load_scales
 from kvpack.models.loader import LoadedModel
 from kvpack.tools.scoring import PagedScorer, perplexity, token_windows
+from kvpack.engine.centering import kv_means
 
 EVAL_KEYS = ("kv_cache_dtype", "ppl", "delta_ppl_pct", "kl_mean", "top1_agree",
              "bytes_per_token", "capacity_vs_bf16")
@@ -65,25 +66,27 @@ def _cache_config(item: str, base: CacheConfig) -> CacheConfig:
 def evaluate(loaded: LoadedModel, text_ids: list[int], items: list[str], *, window: int = 1024,
              max_tokens: int | None = None, kv_scales: str | None = None, block_size: int = 16,
              chunk_size: int = 256, kv_rotation: bool = True, int4_group_size: int = 32,
-             progress: bool = True) -> list[dict]:
+             progress: bool = True, kv_centering: bool = True) -> list[dict]:
     mc = loaded.model_config
     dtype = next(loaded.model.parameters()).dtype
     base = CacheConfig(block_size=block_size, kv_scales_path=kv_scales, kv_rotation=kv_rotation,
-                       int4_group_size=int4_group_size)
+                       int4_group_size=int4_group_size, kv_centering=kv_centering)
     static = load_scales(kv_scales, mc) if kv_scales else None
+    # one set of means for every item: the scales file's, else the probe text's (engine.centering)
+    means = kv_means(loaded, base, static, force=True)
     windows = token_windows(text_ids, window, max_tokens)
     baseline_cc = replace(base, kv_cache_dtype=BASELINE, kv_scales_path=None)
     configs = {item: _cache_config(item, base) for item in items}  # validates names up front
-    formats = {item: resolve_kv_formats(mc, cc, dtype) for item, cc in configs.items()}
+    formats = {item: resolve_kv_formats(mc, cc, dtype, centered=means is not None) for item, cc in configs.items()}
     baseline = PagedScorer(loaded, baseline_cc, window, chunk_size)
     scorers = {}
     for item, cc in configs.items():
         kf, vf = formats[item]
         ss = None
         if static is not None and "static" in (kf.scale_mode, vf.scale_mode):
-            ss = (static.for_format(kf)[0] if kf.scale_mode == "static" else None,
-                  static.for_format(vf)[1] if vf.scale_mode == "static" else None)
-        scorers[item] = PagedScorer(loaded, cc, window, chunk_size, static_scales=ss)
+            ss = (static.for_format(kf, "k")[0] if kf.scale_mode == "static" else None,
+                  static.for_format(vf, "v")[1] if vf.scale_mode == "static" else None)
+        scorers[item] = PagedScorer(loaded, cc, window, chunk_size, static_scales=ss, means=means)
     base_acc, accs = _Acc(), {item: _Acc() for item in items}
     for ids in tqdm(windows, desc="eval", unit="window", disable=not progress):
         target = torch.tensor(ids[1:])

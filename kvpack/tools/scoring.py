@@ -25,7 +25,7 @@ class PagedScorer:
     """One KV pool sized for one window, reused window after window."""
 
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, window: int,
-                 chunk_size: int = 256, static_scales=None) -> None:
+                 chunk_size: int = 256, static_scales=None, means=None) -> None:
         self.model = loaded.model
         self.mc = loaded.model_config
         p = next(self.model.parameters())
@@ -35,7 +35,7 @@ class PagedScorer:
         num_blocks = -(-window // self.block_size)
         cc = replace(cache_config, enable_prefix_caching=False)
         self.kv: KVCache = allocate_kv_cache(self.mc, cc, num_blocks, self.device, self.dtype,
-                                             static_scales=static_scales)
+                                             static_scales=static_scales, means=means)
         # A shuffled block table, as a busy engine would hand out.
         g = torch.Generator().manual_seed(0)
         self.block_table = torch.randperm(num_blocks, generator=g).tolist()
