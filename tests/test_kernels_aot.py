@@ -50,11 +50,34 @@ def signature(fn, args: list) -> tuple[dict, dict, dict]:
     return sig, consts, attrs
 
 
+def captured_launches(launch) -> list:
+    """Run `launch()` with every Triton kernel launch recorded instead of run (CPU tensors, no GPU):
+    [(jit fn, positional args, options)]. For launchers without a separate plan function."""
+    from triton.runtime.jit import JITFunction
+
+    got = []
+    orig = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kw):
+        named = dict(zip(self.arg_names, args))
+        named.update({k: v for k, v in kw.items() if k in self.arg_names})
+        opts = {k: v for k, v in kw.items() if k not in self.arg_names}
+        got.append((self, [named[n] for n in self.arg_names], opts))
+
+    JITFunction.run = record
+    try:
+        launch()
+    finally:
+        JITFunction.run = orig
+    return got
+
+
 def variants():
     """(name, jit fn, args, options) for every kernel variant the launchers produce."""
     from kvpack.attention import AttentionMetadata, LayerKVCache
     from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
     from kvpack.kernels.decode_attention import _decode_kernel, _merge_kernel, plan_decode
+    from kvpack.kernels.prefill_launch import prefill_paged_attention
     from tests.test_kernels_write import make_pool
 
     out = []
@@ -78,6 +101,26 @@ def variants():
             if name != "bfloat16":  # the CUDA-core decode variant (quantized K and V only)
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="fma")
                 out.append((f"decode-fma/{name}/D{D}", plan.kernel, plan.args, plan.options))
+            # mixed prefill + decode attention
+            pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
+            pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
+            for fn, args, opts in captured_launches(lambda: prefill_paged_attention(pq, lc, pmeta, 0.1)):
+                out.append((f"prefill/{name}/D{D}", fn, args, opts))
+    # the fused model ops (RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE), bf16 and fp16
+    from kvpack.kernels.fused_ops import fused_add_rms_norm, rms_norm, rotary_embedding, silu_and_mul
+
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.randn(4, 256, dtype=dt)
+        w = torch.ones(256, dtype=dt)
+        table = torch.randn(64, 2, 32)
+        qq, kk = torch.randn(4, 8, 64, dtype=dt), torch.randn(4, 2, 64, dtype=dt)
+        launches = [lambda: rms_norm(x, w, 1e-5, force_triton=True),
+                    lambda: fused_add_rms_norm(x, x, w, 1e-5, force_triton=True),
+                    lambda: silu_and_mul(x, force_triton=True),
+                    lambda: rotary_embedding(torch.arange(4), qq, kk, table, force_triton=True)]
+        for launch in launches:
+            for fn, args, opts in captured_launches(launch):
+                out.append((f"fused/{fn.__name__}/{_TY[dt]}", fn, args, opts))
     return out
 
 

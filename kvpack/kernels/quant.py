@@ -273,7 +273,7 @@ def int8_to_f16(c):
 
 # float32 -> float16 (nearest even) -> float32 in one asm block: written as two Triton casts, the
 # compiler may fold the round trip away on the GPU (measured: 1.1% of fp16 RoPE outputs 1 ulp off).
-_ASM_ROUND_F16 = "{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }"
+_ASM_ROUND_F16 = tl.constexpr("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; cvt.f32.f16 $0, h; }")
 
 
 @triton.jit
