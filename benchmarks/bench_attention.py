@@ -185,6 +185,10 @@ def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -
 # before the next entry starts.
 TUNE_CONFIGS = [
     ("dot", "dot", {}),  # the current default (the heuristics in plan_decode)
+    ("dott", "dott", {}),  # scores as K @ q^T: the K tile is the MMA's A operand
+    ("dott-nocvt", "dott", {"fast_cvt": False}),  # plain Triton casts (hoistable into the operand load)
+    ("dott-bn256-w8", "dott", {"block_n": 256, "num_warps": 8}),
+    ("dot-nocvt", "dot", {"fast_cvt": False}),
     ("dot-bn256-w4", "dot", {"block_n": 256, "num_warps": 4}),
     ("dot-bn256-w8", "dot", {"block_n": 256, "num_warps": 8}),
     ("dot-bn128-w8", "dot", {"block_n": 128, "num_warps": 8}),

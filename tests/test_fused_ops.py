@@ -26,7 +26,13 @@ ULP = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert got.dtype == want.dtype == dtype and got.shape == want.shape
     g, w = got.float(), want.float()
-    torch.testing.assert_close(g, w, rtol=ULP[dtype], atol=ULP[dtype] * 1e-2)
+    # Both sides round twice (the normalised value, then its product with the weight) from float32
+    # values that differ in their last bits (reduction order; torch's rsqrt on CUDA is approximate,
+    # the kernel divides by sqrt_rn), so a 1-ulp difference after the first rounding can become 2
+    # ulps after the second: the bound is 2 ulps, with nearly all elements bit-equal (below).
+    # Measured on the H200 (twice, also with the fp16 rounding done in one asm block): 6 of
+    # 1,228,800 fp16 RMSNorm outputs past 1 ulp (max 1.4 ulp relative); bf16 within 1 ulp.
+    torch.testing.assert_close(g, w, rtol=2 * ULP[dtype], atol=ULP[dtype] * 1e-2)
     if dtype != torch.float32:
         assert (g == w).float().mean().item() >= 0.98
 

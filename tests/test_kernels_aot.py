@@ -98,6 +98,9 @@ def variants():
                 out.append((f"decode/{name}/D{D}/splits{splits}", _decode_kernel, plan.args, plan.options))
                 if plan.merge_args is not None and name == "int8":
                     out.append(("merge", _merge_kernel, plan.merge_args, {}))
+            if D == 128 and name in ("bfloat16", "int8", "int4"):  # the swapped-operand experiment
+                plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dott")
+                out.append((f"decode-dott/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if name != "bfloat16":  # the CUDA-core decode variant (quantized K and V only)
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="fma")
                 out.append((f"decode-fma/{name}/D{D}", plan.kernel, plan.args, plan.options))

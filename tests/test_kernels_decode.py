@@ -56,15 +56,15 @@ def build_case(k_name, v_name, seq_lens, Hq, Hkv, D, block_size, dtype=torch.flo
 
 
 def check(k_name, v_name, seq_lens, Hq=4, Hkv=2, D=64, block_size=16, num_splits=None, atol=ATOL,
-          dtype=torch.float16, device="cpu", rtol=RTOL, **kw):
+          dtype=torch.float16, device="cpu", rtol=RTOL, variant=None, **kw):
     q, lc, meta = build_case(k_name, v_name, seq_lens, Hq, Hkv, D, block_size, dtype=dtype, device=device, **kw)
     scale = D ** -0.5
     ref = reference.paged_attention(q, lc, meta, scale).float()
     from kvpack.kernels import paged_attention
     from kvpack.kernels.decode_attention import decode_paged_attention
 
-    out = decode_paged_attention(q, lc, meta, scale, num_splits=num_splits) if num_splits else \
-        paged_attention(q, lc, meta, scale)
+    out = decode_paged_attention(q, lc, meta, scale, num_splits=num_splits, variant=variant) \
+        if num_splits or variant else paged_attention(q, lc, meta, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
     err = ((out.float() - ref).abs() - rtol * ref.abs()).max().item()
     assert err <= atol, f"{k_name}/{v_name} D={D} bs={block_size} splits={num_splits}: max(|err| - rtol|ref|) {err:.2e}"
@@ -77,6 +77,22 @@ FORMATS = ["float16", "float32", "int8", "int8-static", "int4", "fp8_e4m3", "fp8
 @pytest.mark.parametrize("name", FORMATS)
 def test_decode_each_format(name):
     check(name, name, [37, 1, 70], num_splits=1)
+
+
+@pytest.mark.parametrize("name", ["float16", "int8", "int8-static", "int4", "fp8_e4m3"])
+def test_dott_each_format(name):
+    """The "dott" variant (scores as K @ q^T, an experiment): the dot variant's tolerance."""
+    check(name, name, [37, 1, 70], num_splits=2, variant="dott")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", ["bfloat16", "int8", "int4", "fp8_e4m3", "int8-static"])
+def test_dott_gpu(name, D):
+    bf16 = name == "bfloat16"
+    check(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, device="cuda", variant="dott",
+          dtype=torch.bfloat16 if bf16 else torch.float16, atol=1e-2 if bf16 else ATOL,
+          rtol=1e-2 if bf16 else RTOL, num_splits=3)
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3-static", "float16"])

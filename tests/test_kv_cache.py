@@ -97,7 +97,8 @@ def test_scales_file_is_loaded_from_cache_config(tmp_path):
     k_abs, v_abs = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[5.0, 6.0], [7.0, 8.0]])
     path = tmp_path / "scales.json"
     save_scales(path, mc, k_absmax=k_abs, v_absmax=v_abs, num_tokens=10)
-    cc = CacheConfig(k_cache_dtype="int8", v_cache_dtype="fp8", kv_scales_path=str(path))
+    # raw statistics (no means, no flags): the caches must neither center nor rotate (fp8 rotates by default)
+    cc = CacheConfig(k_cache_dtype="int8", v_cache_dtype="fp8", kv_scales_path=str(path), kv_rotation=False)
     cache = allocate_kv_cache(mc, cc, 2, "cpu", torch.bfloat16)
     file = load_scales(path, mc)
     for i in range(2):
@@ -105,6 +106,9 @@ def test_scales_file_is_loaded_from_cache_config(tmp_path):
         torch.testing.assert_close(cache[i].k.static_scale, file.for_format("int8")[0][i], atol=0, rtol=0)
         torch.testing.assert_close(cache[i].v.static_scale, file.for_format("fp8_e4m3")[1][i], atol=0, rtol=0)
     torch.testing.assert_close(cache[1].k.static_scale, k_abs[1] / 127)
+    with pytest.raises(ConfigError, match="calibrated without rotation"):  # fp8 V rotates by default
+        allocate_kv_cache(mc, CacheConfig(k_cache_dtype="int8", v_cache_dtype="fp8", kv_scales_path=str(path)),
+                          2, "cpu", torch.bfloat16)
     with pytest.raises(ConfigError, match="not found"):
         allocate_kv_cache(mc, CacheConfig(kv_cache_dtype="int8", kv_scales_path=str(tmp_path / "x.json")),
                           2, "cpu", torch.bfloat16)

@@ -7,8 +7,9 @@ patterns): per-token K scales multiply the scores, per-token V scales multiply t
 (normalised by the tile's largest scale), int4 tiles become code * s + m in fp16.
 With several splits, a second kernel merges the partial (max, sum, acc) triples.
 
-Two variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=dot|fma, else
-"dot"): "dot" (`_decode_kernel`, tensor cores, described here) and "fma" (`_fma_decode_kernel`,
+Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=dot|fma|dott, else
+"dot"): "dot" (`_decode_kernel`, tensor cores, described here), "dott" (the same kernel with the
+scores computed as K @ q^T, so the K tile is the MMA's A operand: an experiment) and "fma" (`_fma_decode_kernel`,
 quantized K and V only: CUDA-core float32 broadcast-multiply-sums, no shared memory in the loop;
 in `decode_attention_fma`, see the comment there). Both write the same partials for `_merge_kernel`.
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
@@ -122,9 +123,11 @@ def _attend_tile(
     BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, SWAP: tl.constexpr,
 ):
-    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b)."""
+    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
+    SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
+    q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back."""
     offs = n0 + tl.arange(0, BLOCK_N)
     nmask = offs < end
     blk = tl.load(bt_row + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
@@ -135,10 +138,16 @@ def _attend_tile(
     if K_FMT == K_FMT_INT4:
         k_lo, k_hi = _load_int4(kc_ptr, ks_ptr, kz_ptr, kc_row, ks_row, nmask, D, HALF_PAD, K_G,
                                 K_ALIGNED, BLOCK_N, FAST)
-        s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
+        if SWAP:
+            s = tl.trans(_dot(k_lo.to(K_DT), q_a, K_DT) + _dot(k_hi.to(K_DT), q_b, K_DT))
+        else:
+            s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
     else:
         k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD, FAST)
-        s = _dot(q_a, tl.trans(k), K_DT)
+        if SWAP:
+            s = tl.trans(_dot(k, q_a, K_DT))
+        else:
+            s = _dot(q_a, tl.trans(k), K_DT)
         if K_FMT != K_FMT_FLOAT:
             if not K_STATIC:
                 s = s * tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32)[None, :]
@@ -185,6 +194,7 @@ def _decode_kernel(
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
+    SWAP: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -209,6 +219,9 @@ def _decode_kernel(
         d = tl.arange(0, D_PAD)
         q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32).to(K_DT)
         q_b = q_a
+    if SWAP:  # q as the MMA's B operand: [D or D/2, GROUP_PAD]
+        q_a = tl.trans(q_a)
+        q_b = tl.trans(q_b)
     if K_STATIC:
         qk_scale = qk_scale * tl.load(kst_ptr + h)
     qk_scale = qk_scale * K_FACTOR
@@ -231,7 +244,7 @@ def _decode_kernel(
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST)
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
@@ -240,7 +253,7 @@ def _decode_kernel(
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST)
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
@@ -366,7 +379,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         half_pad = triton.next_power_of_2(max(D // 2, 1))
         group_pad = max(16, triton.next_power_of_2(group))
         args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
-                 *k_c, *v_c, INTERPRET, fast_cvt]
+                 *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott"]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
