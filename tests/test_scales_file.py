@@ -53,10 +53,28 @@ def test_round_trip(scales_path):
 
 def test_file_layout(scales_path):
     data = json.loads(scales_path.read_text())
-    assert data["format"] == SCALES_FORMAT and data["version"] == 1
+    assert data["format"] == SCALES_FORMAT and data["version"] == 2
     assert data["model"]["num_layers"] == 3 and data["model"]["head_dim"] == 32
     assert len(data["k"]["absmax"]) == 3 and len(data["k"]["absmax"][0]) == 2
     assert set(data["scales"]) == {"int8", "fp8_e4m3", "fp8_e5m2"}
+
+
+def test_version_1_files_still_load(scales_path):
+    """A version 1 file (no means, no per-kind flags: raw statistics) loads; its scales serve formats
+    that neither center nor rotate, and a format that does is refused with the reason."""
+    data = json.loads(scales_path.read_text())
+    data["version"] = 1
+    for obj in data["scales"].values():
+        for key in ("k_center", "k_rotate", "v_center", "v_rotate"):
+            del obj[key]
+    scales_path.write_text(json.dumps(data))
+    s = load_scales(scales_path, MC)
+    assert s.k_mean is None and s.transforms["int8"] == dict.fromkeys(("k_center", "k_rotate", "v_center", "v_rotate"), False)
+    plain = resolve_format("int8", head_dim=32, static=True)
+    assert torch.equal(s.for_format(plain, "k")[0], s.for_format("int8")[0])
+    rotated = resolve_format("fp8_e4m3", head_dim=32, static=True)  # fp8 rotates by default
+    with pytest.raises(ConfigError, match="calibrated without rotation"):
+        s.for_format(rotated, "v")
 
 
 def test_derived_scales_optional(scales_path):
@@ -107,7 +125,7 @@ def _edit(path, fn):
 
 
 @pytest.mark.parametrize("edit,match", [
-    (lambda d: d.update(version=2), "unsupported version 2"),
+    (lambda d: d.update(version=3), "unsupported version 3"),
     (lambda d: d.update(format="something"), "not a kvpack KV scales file"),
     (lambda d: d["k"].update(absmax=[[1.0, 2.0]] * 2), r"k.absmax must be a \[3\]\[2\]"),
     (lambda d: d["v"].update(absmax=[[1.0, 2.0, 3.0]] * 3), r"v.absmax must be a \[3\]\[2\]"),
