@@ -1,0 +1,1 @@
+"""Data files packaged with kvpack (the centering probe text)."""
