@@ -185,6 +185,9 @@ def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -
 # before the next entry starts.
 TUNE_CONFIGS = [
     ("dot", "dot", {}),  # the current default (the heuristics in plan_decode)
+    ("dot-r128", "dot", {"maxnreg": 128}),  # ncu: int8 runs 2 CTAs/SM, limited by 200 registers
+    ("dot-r168", "dot", {"maxnreg": 168}),
+    ("dot-bn64-r128", "dot", {"block_n": 64, "maxnreg": 128}),
     ("dott", "dott", {}),  # scores as K @ q^T: the K tile is the MMA's A operand
     ("dott-nocvt", "dott", {"fast_cvt": False}),  # plain Triton casts (hoistable into the operand load)
     ("dott-bn256-w8", "dott", {"block_n": 256, "num_warps": 8}),
