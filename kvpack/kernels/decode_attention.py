@@ -341,9 +341,11 @@ ROTATION_ENV = "KVPACK_DECODE_ROTATION"
 
 
 def rotation_in_kernel() -> bool:
-    """Rotated formats: q @ R and out @ R inside the dot kernels ("kernel", the default) or as
-    separate float32 GEMMs around them ("torch"), per $KVPACK_DECODE_ROTATION."""
-    name = os.environ.get(ROTATION_ENV, "") or "kernel"
+    """Rotated formats: q @ R and out @ R as separate float32 GEMMs around the kernel ("torch", the
+    default: the path measured on the H200) or inside the dot kernels ("kernel": checked against the
+    reference under the interpreter and compiled for sm_80/86, not yet run on a GPU), per
+    $KVPACK_DECODE_ROTATION."""
+    name = os.environ.get(ROTATION_ENV, "") or "torch"
     if name not in ("kernel", "torch"):
         raise ConfigError(f"{ROTATION_ENV}={name!r}: choose kernel or torch")
     return name == "kernel"
@@ -364,7 +366,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
     rk, rv = _rotation(kp, dev), _rotation(vp, dev)
-    # the dot kernels rotate q and the output themselves (KVPACK_DECODE_ROTATION=torch: separate GEMMs)
+    # KVPACK_DECODE_ROTATION=kernel: the dot kernels rotate q and the output themselves
     in_kernel = variant != "fma" and rotation_in_kernel()
     rk_arg, rv_arg = (rk, rv) if in_kernel else (None, None)
     if in_kernel:
