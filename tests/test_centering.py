@@ -169,3 +169,25 @@ def test_scales_file_means_round_trip_and_mismatch(tmp_path):
     p.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="one of K and V"):
         load_scales(p, mc)
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["serve", "--kv-cache-dtype", "int4"], (True, True)),
+    (["serve", "--no-kv-centering", "--no-kv-rotation"], (False, False)),
+])
+def test_serve_flags_reach_the_engine(argv, want):
+    """`kvpack serve --no-kv-centering / --no-kv-rotation` become LLMEngine.from_args keywords."""
+    from kvpack.entrypoints.cli import build_parser
+    from kvpack.entrypoints.cmd_serve import engine_kwargs
+
+    kw = engine_kwargs(build_parser().parse_args(argv))
+    assert (kw["kv_centering"], kw["kv_rotation"]) == want
+
+
+@pytest.mark.parametrize("sub", ["generate", "eval", "calibrate"])
+def test_centering_flag_on_every_tool(sub):
+    from kvpack.entrypoints.cli import build_parser
+
+    extra = {"generate": ["hi"], "eval": ["--text", "x", "--kv-cache-dtype", "int4"], "calibrate": ["--text", "x", "--out", "y"]}
+    args = build_parser().parse_args([sub, "--no-kv-centering", *extra[sub]])
+    assert getattr(args, "kv_centering", None) is False or getattr(args, "no_kv_centering", None) is True

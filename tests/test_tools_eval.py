@@ -159,3 +159,57 @@ def test_cli_eval_json(tmp_path):
     assert [r["kv_cache_dtype"] for r in rows] == ["bfloat16", "int8", "int4"]
     assert all(set(r) == set(EVAL_KEYS) for r in rows)
     assert "| kv_cache_dtype |" in p.stdout
+
+
+def _layer0_kv(loaded, windows):
+    """Post-RoPE K and V of layer 0 for every token of `windows` (oracle arithmetic): [T, Hkv, D] each."""
+    m, mc = loaded.model, loaded.model_config
+    attn = m.model.layers[0].self_attn
+    ks, vs = [], []
+    with torch.no_grad():
+        for w in windows:
+            pos = torch.arange(len(w))
+            h = m.model.layers[0].input_layernorm(m.model.embed_tokens(torch.tensor(w)))
+            _, k, v = attn.qkv_proj(h).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            k = k.reshape(len(w), mc.num_kv_heads, mc.head_dim)
+            cos, sin = m.rotary.cos_sin(pos, k.dtype)
+            ks.append(apply_rotary(k, cos, sin))
+            vs.append(v.reshape(len(w), mc.num_kv_heads, mc.head_dim))
+    return torch.cat(ks).float(), torch.cat(vs).float()
+
+
+def test_calibrate_means_and_per_kind_statistics(tiny, tmp_path):
+    """Version 2: the file's means are layer 0's K/V means over the calibration tokens; each static
+    kind's statistic is taken of K/V as that kind stores them (int8 K centered; fp8 K and V centered
+    and rotated; int8 V raw), with flags saying so; --no-kv-centering / --no-kv-rotation change that."""
+    from kvpack.formats.rotation import hadamard
+
+    loaded, ids = tiny
+    out = tmp_path / "s.json"
+    data = calibrate(loaded, ids, str(out), window=128, max_tokens=256, statistic="absmax", progress=False)
+    k, v = _layer0_kv(loaded, (ids[:128], ids[128:256]))
+    km, vm = k.mean(0), v.mean(0)
+    torch.testing.assert_close(torch.tensor(data["k"]["mean"][0]), km, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(data["v"]["mean"][0]), vm, rtol=1e-5, atol=1e-5)
+    r = hadamard(loaded.model_config.head_dim)
+    amax = lambda x: x.abs().amax(dim=(0, 2))  # noqa: E731
+    s8, s4 = data["scales"]["int8"], data["scales"]["fp8_e4m3"]
+    assert (s8["k_center"], s8["k_rotate"], s8["v_center"], s8["v_rotate"]) == (True, False, False, False)
+    assert (s4["k_center"], s4["k_rotate"], s4["v_center"], s4["v_rotate"]) == (True, True, True, True)
+    torch.testing.assert_close(torch.tensor(s8["k"][0]), amax(k - km) / 127, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(s8["v"][0]), amax(v) / 127, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(s4["k"][0]), amax((k - km) @ r) / 448, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(s4["v"][0]), amax((v - vm) @ r) / 448, rtol=1e-5, atol=1e-6)
+    plain = calibrate(loaded, ids, str(tmp_path / "p.json"), window=128, max_tokens=256, statistic="absmax",
+                      progress=False, kv_centering=False, kv_rotation=False)
+    assert "mean" not in plain["k"] and not any(plain["scales"]["fp8_e4m3"][f] for f in ("k_center", "k_rotate"))
+    torch.testing.assert_close(torch.tensor(plain["scales"]["fp8_e4m3"]["k"][0]), amax(k) / 448, rtol=1e-5, atol=1e-6)
+    # the centered file drives a centered static cache through eval; the plain one an uncentered one
+    rows = evaluate(loaded, ids, ["int8:static", "fp8_e4m3:static"], window=128, max_tokens=256,
+                    kv_scales=str(out), chunk_size=64, progress=False)
+    assert all(0 < r_["kl_mean"] < 0.05 for r_ in rows[1:])
+    evaluate(loaded, ids, ["fp8_e4m3:static"], window=128, max_tokens=256, kv_scales=str(tmp_path / "p.json"),
+             chunk_size=64, progress=False, kv_centering=False, kv_rotation=False)
+    with pytest.raises(ConfigError, match="re-run kvpack calibrate"):  # raw fp8 scales, rotating cache
+        evaluate(loaded, ids, ["fp8_e4m3:static"], window=128, max_tokens=256, kv_scales=str(tmp_path / "p.json"),
+                 chunk_size=64, progress=False, kv_centering=False)
