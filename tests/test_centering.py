@@ -137,6 +137,15 @@ def test_probe_means_and_engine_wiring():
     assert all(layer.k_mean is None for layer in off.kv_cache.layers) and not off.k_format.center
 
 
+def test_probe_fits_short_models():
+    """A model with fewer positions than the probe has tokens reads only what fits."""
+    lm = load_model("dummy:tiny-llama", "float32", "cpu", config_overrides={"max_position_embeddings": 100})
+    lm = dataclasses.replace(lm, tokenizer=_Tok())
+    means = kv_means(lm, CacheConfig(kv_cache_dtype="int8"))
+    assert means is not None and means[0].shape == (lm.model_config.num_layers, lm.model_config.num_kv_heads,
+                                                    lm.model_config.head_dim)
+
+
 def test_scales_file_means_round_trip_and_mismatch(tmp_path):
     lm = load_model("dummy:tiny-llama", "float32", "cpu")
     mc = lm.model_config

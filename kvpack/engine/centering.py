@@ -122,7 +122,10 @@ def kv_means(loaded: LoadedModel, cache_config: CacheConfig, scales=None, *, for
     if loaded.tokenizer is None:
         logger.info("KV centering: off (no tokenizer for the probe text and no scales file with means)")
         return None
-    ids = probe_ids(loaded.tokenizer)
+    ids = probe_ids(loaded.tokenizer)[: loaded.model_config.max_position_embeddings]
+    if not ids:
+        logger.info("KV centering: off (the probe text has no tokens for this tokenizer)")
+        return None
     means = measure_kv_means(loaded, [ids])
     logger.info("KV centering: means from the probe text (%d tokens)", len(ids))
     return means
