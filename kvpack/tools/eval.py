@@ -17,10 +17,10 @@ from tqdm import tqdm
 
 from kvpack.attention.kv_cache import resolve_kv_formats
 from kvpack.config import CacheConfig, ConfigError
+from kvpack.engine.centering import kv_means
 from kvpack.formats import kv_bytes_per_token, load_scales
 from kvpack.models.loader import LoadedModel
 from kvpack.tools.scoring import PagedScorer, perplexity, token_windows
-from kvpack.engine.centering import kv_means
 
 EVAL_KEYS = ("kv_cache_dtype", "ppl", "delta_ppl_pct", "kl_mean", "top1_agree",
              "bytes_per_token", "capacity_vs_bf16")
