@@ -114,7 +114,31 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
         assert r["preemptions"] > 0  # 4 of 6 prompts fill 8 blocks; decoding past 32 tokens evicts one
         assert 0 < r["peak_kv_usage"] <= 1 and r["mean_ttft_ms"] > 0 and r["mean_tpot_ms"] > 0
         assert 0 < r["decode_tokens"] < n_out and r["decode_s"] < r["elapsed_s"]  # first tokens come from prefill
-    assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0
+    assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0 and payload["complete"] is True
+
+
+def test_throughput_keeps_finished_formats_when_cut(tmp_path, capsys, monkeypatch):
+    """A run cut after its first format (a time cap, a crash) leaves that format's row on disk."""
+    import kvpack.tools.bench_throughput as bt
+
+    real = bt.bench_format
+    calls = []
+
+    def second_fails(args, item, max_model_len):
+        calls.append(item)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what `timeout --signal=INT` delivers
+        return real(args, item, max_model_len)
+
+    monkeypatch.setattr(bt, "bench_format", second_fails)
+    path = tmp_path / "tp.json"
+    argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+            "--num-prompts", "2", "--input-len", "8", "--output-len", "2", "--num-blocks", "16",
+            "--kv-cache-dtype", "bfloat16,int8", "--output-json", str(path)]
+    assert main(argv) != 0  # the CLI reports "kvpack: interrupted"
+    assert "interrupted" in capsys.readouterr().err
+    payload = json.loads(path.read_text())
+    assert payload["complete"] is False and [r["kv_cache_dtype"] for r in payload["results"]] == ["bfloat16"]
 
 
 def test_latency_tiny(tmp_path, capsys):

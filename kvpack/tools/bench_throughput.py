@@ -143,27 +143,34 @@ def run(args: argparse.Namespace) -> int:
     max_model_len = args.max_model_len
     if max_model_len is None and not args.dataset:
         max_model_len = args.input_len.hi + args.output_len.hi
+    env = env_info()
+
+    def payload(rows: list[dict], complete: bool) -> dict:
+        add_ratios(rows, "output_tok_s", "output_tok_s_vs_bf16")
+        add_ratios(rows, "decode_tok_s", "decode_tok_s_vs_bf16")
+        add_ratios(rows, "kv_cache_tokens", "kv_tokens_vs_bf16")
+        return {"bench": "throughput", "env": env, "complete": complete,
+                "config": {"model": args.model, "num_prompts": args.num_prompts, "input_len": str(args.input_len),
+                           "output_len": str(args.output_len), "dataset": args.dataset,
+                           "kv_cache_memory": args.kv_cache_memory, "num_blocks": args.num_blocks,
+                           "gpu_memory_utilization": args.gpu_memory_utilization,
+                           "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
+                           "enforce_eager": args.enforce_eager, "dtype": args.dtype},
+                "results": rows}
+
     rows = []
     for item in formats:
         rows.append(bench_format(args, item, max_model_len))
         r = rows[-1]
         print(f"{item}: {r['output_tok_s']:,.0f} output tok/s, {r['requests_per_s']:.2f} req/s, "
               f"{r['preemptions']} preemptions, peak KV {r['peak_kv_usage']:.0%}", flush=True)
-    add_ratios(rows, "output_tok_s", "output_tok_s_vs_bf16")
-    add_ratios(rows, "decode_tok_s", "decode_tok_s_vs_bf16")
-    add_ratios(rows, "kv_cache_tokens", "kv_tokens_vs_bf16")
+        if args.output_json and args.output_json != "-" and len(rows) < len(formats):
+            write_json(args.output_json, payload(rows, complete=False))  # kept if a time cap cuts the run
+    final = payload(rows, complete=True)
     print(f"\nthroughput: {args.model}, {args.num_prompts} requests, input {args.input_len}, "
           f"output {args.output_len}")
     print(format_table(rows, COLUMNS))
-    payload = {"bench": "throughput", "env": env_info(),
-               "config": {"model": args.model, "num_prompts": args.num_prompts, "input_len": str(args.input_len),
-                          "output_len": str(args.output_len), "dataset": args.dataset,
-                          "kv_cache_memory": args.kv_cache_memory, "num_blocks": args.num_blocks,
-                          "gpu_memory_utilization": args.gpu_memory_utilization,
-                          "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
-                          "enforce_eager": args.enforce_eager, "dtype": args.dtype},
-               "results": rows}
-    write_json(args.output_json, payload)
+    write_json(args.output_json, final)
     bad = [r["kv_cache_dtype"] for r in rows if not r["all_blocks_free"]]
     if bad:
         print(f"kvpack: error: KV blocks still in use after the run for {', '.join(bad)}")
