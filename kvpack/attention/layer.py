@@ -51,9 +51,10 @@ class Attention(nn.Module):
                 v = v.float() - layer_cache.v_mean
             backend.write_kv(k, v, layer_cache, metadata.slot_mapping)
             out = backend.paged_attention(q, layer_cache, metadata, self.scale)
-            if layer_cache.v_mean is not None:
+            if layer_cache.v_mean is not None:  # query heads of one kv head are adjacent: broadcast, no copy
                 g = self.num_heads // self.num_kv_heads
-                out = (out.float() + layer_cache.v_mean.repeat_interleave(g, dim=0)).to(q.dtype)
+                out = (out.float().view(t, self.num_kv_heads, g, self.head_dim)
+                       + layer_cache.v_mean[:, None, :]).to(q.dtype)
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:
