@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from kvpack.attention import Attention, AttentionMetadata, LayerKVCache, allocate_pool
 from kvpack.attention import reference as ref
-from kvpack.formats import resolve_format
+from kvpack.formats import hadamard_transform, resolve_format
 
 # (num_kv_heads, gqa group, head_dim, block_size): GQA 1, 3, 4, 8; head dims 64, 80, 128; blocks 16, 32
 SHAPES = [(2, 1, 64, 16), (1, 3, 80, 32), (2, 4, 128, 16), (1, 8, 64, 32), (2, 3, 128, 32), (3, 4, 80, 16)]
@@ -41,7 +41,7 @@ def sdpa_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
 def roundtrip(fmt, x: torch.Tensor, static_scale=None) -> torch.Tensor:
     """What the cache gives back for x, rotated back to the original basis: [S, H, D] float32."""
     r = fmt.rotation("cpu")
-    xr = x @ r if r is not None else x
+    xr = hadamard_transform(x) if r is not None else x  # the storage rotation (bit-exact order)
     y = fmt.dequantize(*fmt.quantize(xr, static_scale), static_scale)
     return y @ r if r is not None else y
 
@@ -156,7 +156,7 @@ def test_int4_rotation_matches_explicitly_rotated_oracle(d):
     out = run_paged(seqs, cache, bs, d ** -0.5)
 
     def stored(x):  # what the cache holds, dequantized, in the rotated basis
-        return fmt.dequantize(*fmt.quantize(x @ r))
+        return fmt.dequantize(*fmt.quantize(hadamard_transform(x)))  # x @ r, in the storage order
 
     want = torch.cat([sdpa_oracle(x["q"] @ r, stored(x["k"]), stored(x["v"]), d ** -0.5) @ r for x in seqs])
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)

@@ -10,7 +10,8 @@ import torch
 from kvpack.config import ConfigError, ModelConfig
 from kvpack.formats import (
     FMT_FLOAT, FMT_FP8E4M3, FMT_FP8E5M2, FMT_INT4, FMT_INT8, FORMAT_NAMES, KVFormat, fp8_decode,
-    hadamard, kv_bytes_per_token, pack_int4, resolve_format, unpack_int4,
+    hadamard, hadamard_block_size, hadamard_norm, hadamard_transform, kv_bytes_per_token, pack_int4,
+    resolve_format, unpack_int4,
 )
 
 TORCH_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -265,6 +266,25 @@ def test_hadamard(head_dim, block):
     assert ((x @ r) @ r - x).abs().max() <= 1e-6 * max(1.0, x.abs().max().item())
     f = resolve_format("int4", head_dim=head_dim)
     assert f.rotation("cpu") is r and resolve_format("int8", head_dim=head_dim).rotation() is None
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+def test_hadamard_transform(head_dim):
+    """The storage rotation (butterflies, then one multiply) is x @ R: to float32 rounding on random
+    input; bit for bit `fp32(exact sum) * hadamard_norm(b)` on input whose partial sums are all exact
+    (multiples of 1/4 below 10), so nothing but the final multiply rounds."""
+    r = hadamard(head_dim)
+    b = hadamard_block_size(head_dim)
+    gen = torch.Generator().manual_seed(head_dim)
+    x = torch.randn(50, 3, head_dim, generator=gen) * 10
+    got = hadamard_transform(x)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    assert (got - x @ r).abs().max() <= 1e-6 * x.abs().max() * head_dim ** 0.5
+    q = torch.randint(-40, 41, (20, head_dim), generator=gen) / 4.0
+    signs = (r.double() * b ** 0.5).round()  # the +-1 (block-diagonal) Hadamard matrix
+    want = (q.double() @ signs).float() * hadamard_norm(b)
+    assert torch.equal(hadamard_transform(q), want)
+    assert hadamard_norm(b) == float(torch.tensor(b ** -0.5, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("name", ["bf16", "int8", "int4", "fp8", "fp8_e5m2"])

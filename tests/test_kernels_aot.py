@@ -11,6 +11,7 @@ CPU-only machines, which replaces @triton.jit functions by interpreted ones).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -89,6 +90,10 @@ def variants():
             k = torch.randn(5, 2, D, dtype=torch.bfloat16)
             grid, args, opts = plan_write(k, k, lc, torch.arange(5))
             out.append((f"write/{name}/D{D}", _cache_write_kernel, args, opts))
+            if name in ("int8", "int4", "fp8_e4m3"):  # centered K and V: the mean subtract in the kernel
+                mean = torch.zeros(2, D)
+                grid, args, opts = plan_write(k, k, dataclasses.replace(lc, k_mean=mean, v_mean=mean), torch.arange(5))
+                out.append((f"write-centered/{name}/D{D}", _cache_write_kernel, args, opts))
             q = torch.randn(2, 8, D, dtype=torch.bfloat16)
             meta = AttentionMetadata.build([1, 1], [40, 9], [[0, 1, 2], [3]], 16)
             for splits in (1, 2):

@@ -95,6 +95,17 @@ def test_rotation_in_kernel(monkeypatch, k_name, v_name, D, splits):
     check(k_name, v_name, [37, 1, 70], D=D, num_splits=splits)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("k_name,v_name", [("int4", "int4"), ("fp8_e4m3", "fp8_e4m3"), ("int8", "int4"),
+                                           ("fp8_e5m2", "bfloat16")])
+def test_rotation_in_kernel_gpu(monkeypatch, k_name, v_name, D):
+    """The in-kernel rotation on the GPU, large shapes: the same tolerance as test_decode_gpu_large."""
+    monkeypatch.setenv("KVPACK_DECODE_ROTATION", "kernel")
+    check(k_name, v_name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=16, device="cuda",
+          dtype=torch.float16, atol=ATOL, rtol=RTOL)
+
+
 def test_rotation_mode_env(monkeypatch):
     from kvpack.config import ConfigError
     from kvpack.kernels.decode_attention import rotation_in_kernel

@@ -41,7 +41,7 @@ def clone_cache(lc: LayerKVCache) -> LayerKVCache:
     def c(p):
         return type(p)(p.codes.clone(), None if p.scales is None else p.scales.clone(),
                        None if p.zeros is None else p.zeros.clone(), p.static_scale, p.fmt)
-    return LayerKVCache(c(lc.k), c(lc.v))
+    return LayerKVCache(c(lc.k), c(lc.v), lc.k_mean, lc.v_mean)
 
 
 def assert_same_cache(a: LayerKVCache, b: LayerKVCache) -> None:
@@ -78,33 +78,37 @@ def to_device(lc: LayerKVCache, device) -> LayerKVCache:
         return type(p)(p.codes.to(device), None if p.scales is None else p.scales.to(device),
                        None if p.zeros is None else p.zeros.to(device),
                        None if p.static_scale is None else p.static_scale.to(device), p.fmt)
-    return LayerKVCache(mv(lc.k), mv(lc.v))
+    mean = lambda m: None if m is None else m.to(device)  # noqa: E731
+    return LayerKVCache(mv(lc.k), mv(lc.v), mean(lc.k_mean), mean(lc.v_mean))
 
 
 def reference_write_cpu(k, v, lc: LayerKVCache, slots) -> LayerKVCache:
     """The reference on CPU (IEEE float32 division, as the format defines; torch on CUDA divides
-    by a Python scalar as a multiply by its reciprocal). Rotated formats get their input rotated
-    on k's device by the launcher's own op (`x.float() @ R`: same GEMM, same values), then go
-    through the reference quantizer of the same format without rotation."""
-    def side(x, pool):
-        if pool.fmt.rotate:
-            x = x.float() @ pool.fmt.rotation(x.device)
-            pool = type(pool)(pool.codes, pool.scales, pool.zeros, pool.static_scale,
-                              dataclasses.replace(pool.fmt, rotate=False))
+    by a Python scalar as a multiply by its reciprocal). Each side's storage input (centering and
+    the butterfly rotation: float32 adds, subtracts and one multiply, the same values on any
+    device) is formed by `reference.storage_input`, then goes through the reference quantizer of
+    the same format without rotation or mean."""
+    def side(x, pool, mean):
+        x = reference.storage_input(x, pool, mean)
+        pool = type(pool)(pool.codes, pool.scales, pool.zeros, pool.static_scale,
+                          dataclasses.replace(pool.fmt, rotate=False))
         return x.cpu(), pool
     ref = clone_cache(to_device(lc, "cpu"))
-    (kx, kp), (vx, vp) = side(k, ref.k), side(v, ref.v)
+    (kx, kp), (vx, vp) = side(k, ref.k, lc.k_mean), side(v, ref.v, lc.v_mean)
     reference.write_kv(kx, vx, LayerKVCache(kp, vp), slots.cpu())
     return ref
 
 
 def run_write(k_name, v_name, T=37, H=2, D=64, block_size=16, dtype=torch.float16, group_size=32,
-              drop=True, seed=0, device="cpu", exact_rotation=False):
+              drop=True, seed=0, device="cpu", exact_rotation=False, centered=False):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = (T + block_size - 1) // block_size + 3
     lc = LayerKVCache(make_pool(k_name, D, num_blocks, H, block_size, "cpu", group_size, gen),
                       make_pool(v_name, D, num_blocks, H, block_size, "cpu", group_size, gen))
     k, v = make_inputs(T, H, D, dtype, gen, exact_rotation=exact_rotation)
+    if centered:  # per-(head, channel) means, with the outlier channel's offset
+        lc = dataclasses.replace(lc, k_mean=torch.randn(H, D, generator=gen) + k.float().mean(0),
+                                 v_mean=torch.randn(H, D, generator=gen) * 0.5)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:T]
     if drop:
         slots[torch.randperm(T, generator=gen)[: max(1, T // 5)]] = -1
@@ -135,6 +139,14 @@ def test_write_mixed_k_v_formats(k_name, v_name):
 @pytest.mark.parametrize("name", ["int4", "int8", "fp8_e4m3"])
 def test_write_head_dims(name, D, group):
     run_write(name, name, T=9, H=3, D=D, block_size=32, group_size=group, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("D", [64, 80])
+@pytest.mark.parametrize("name", ["int4", "int8", "fp8_e4m3", "fp8_e5m2-static", "bfloat16"])
+def test_write_centered(name, D):
+    """Layer means on both sides: the kernel subtracts them (before rotating) as the reference does.
+    D=80 int4 takes the launcher path (Hadamard blocks straddle the nibble halves)."""
+    run_write(name, name, T=19, H=2, D=D, dtype=torch.bfloat16, centered=True)
 
 
 def test_write_single_token_and_all_dropped():
@@ -169,6 +181,13 @@ def test_write_extreme_values():
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_write_gpu_large(name, D, block_size):
     run_write(name, name, T=3000, H=8, D=D, block_size=block_size, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("name", ["int4", "int8", "fp8_e4m3", "fp8_e5m2"])
+def test_write_gpu_centered(name, D):
+    run_write(name, name, T=2000, H=8, D=D, dtype=torch.bfloat16, device="cuda", centered=True)
 
 
 def test_reference_cpu_path_matches_reference():

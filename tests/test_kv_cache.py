@@ -19,7 +19,7 @@ from kvpack.attention import (
 from kvpack.attention import backend as backend_mod
 from kvpack.attention import reference as ref
 from kvpack.config import CacheConfig, ConfigError, ModelConfig
-from kvpack.formats import kv_bytes_per_token, resolve_format
+from kvpack.formats import hadamard_transform, kv_bytes_per_token, resolve_format
 
 
 def model_config(head_dim: int = 64, layers: int = 3, heads: int = 8, kv_heads: int = 2) -> ModelConfig:
@@ -139,7 +139,7 @@ def test_write_then_gather_holds_the_format_codes(name):
     slots[5] = -1
     ref.write_kv(k, v, cache, slots)
     r = fmt.rotation("cpu")
-    kr = k @ r if r is not None else k
+    kr = hadamard_transform(k) if r is not None else k
     want = fmt.dequantize(*fmt.quantize(kr))
     got = ref.gather_kv(cache.k, md.block_tables[0], 40)
     keep = torch.arange(40) != 5

@@ -45,10 +45,8 @@ class Attention(nn.Module):
             out = causal_attention(q, k, v, metadata, self.scale)
         else:
             backend = get_attention_backend(q.device)
-            if layer_cache.k_mean is not None:  # softmax-invariant: each query's scores shift by q . mean
-                k = k.float() - layer_cache.k_mean
-            if layer_cache.v_mean is not None:  # added back below: the probabilities sum to 1
-                v = v.float() - layer_cache.v_mean
+            # the write subtracts the layer's K/V means (centered sides): K's is softmax-invariant
+            # (each query's scores shift by q . mean), V's is added back below (probabilities sum to 1)
             backend.write_kv(k, v, layer_cache, metadata.slot_mapping)
             out = backend.paged_attention(q, layer_cache, metadata, self.scale)
             if layer_cache.v_mean is not None:  # query heads of one kv head are adjacent: broadcast, no copy

@@ -1,8 +1,9 @@
 """PyTorch reference of the cache write and of paged attention.
 
 This is the specification the Triton kernels (`kvpack.kernels`) are tested against, and the engine's
-CPU execution path. All arithmetic is float32: inputs are upcast, rotated by the format's R (when the
-format rotates), quantized with `fmt.quantize`, and read back with `fmt.dequantize`. Attention is
+CPU execution path. All arithmetic is float32: inputs are upcast, centered (sides with a layer mean),
+rotated by the format's R (when the format rotates; `hadamard_transform`, the bit-exact butterfly
+order the Triton write repeats), quantized with `fmt.quantize`, and read back with `fmt.dequantize`. Attention is
 explicit matmuls + a float32 softmax (not torch SDPA), so every rounding step is visible here.
 
 Rotation: K and V are stored as `x @ R` (R orthogonal and symmetric). Since (qR)·(kR) = q·k, the
@@ -17,6 +18,7 @@ import torch
 from kvpack.attention.kv_cache import CachePool, LayerKVCache
 from kvpack.attention.metadata import AttentionMetadata
 from kvpack.config import KVPackError
+from kvpack.formats import hadamard_transform
 
 
 def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
@@ -24,11 +26,16 @@ def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
     return pool.fmt.rotation(device) if pool.fmt.rotate else None
 
 
-def _write_pool(x: torch.Tensor, pool: CachePool, slots: torch.Tensor) -> None:
+def storage_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> torch.Tensor:
+    """What a pool quantizes: x in float32, minus the layer's mean for that side when it is centered
+    ([Hkv, D] float32, broadcast over tokens), then the storage rotation (`hadamard_transform`)."""
     x = x.to(torch.float32)
-    r = _rotation(pool, x.device)
-    if r is not None:
-        x = x @ r
+    if mean is not None:
+        x = x - mean
+    return hadamard_transform(x) if pool.fmt.rotate else x
+
+
+def _write_pool(x: torch.Tensor, pool: CachePool, slots: torch.Tensor) -> None:
     codes, scales, zeros = pool.fmt.quantize(x, pool.static_scale)
     bs = pool.block_size
     blk, off = slots // bs, slots % bs
@@ -47,7 +54,9 @@ def write_kv(
 ) -> None:
     """Quantize the new tokens' K and V and scatter them into the cache.
 
-    k, v:         [T, Hkv, D] any float dtype, post-RoPE, unrotated.
+    k, v:         [T, Hkv, D] any float dtype, post-RoPE, as the model computed them: the write
+                  subtracts the layer cache's k_mean / v_mean (centered sides) and rotates (rotated
+                  formats) as `storage_input` says.
     slot_mapping: [T] int64, block_id * block_size + offset; -1 entries are skipped.
     """
     slots = slot_mapping.to(device=k.device, dtype=torch.int64)
@@ -56,8 +65,8 @@ def write_kv(
         k, v, slots = k[keep], v[keep], slots[keep]
     if slots.numel() == 0:
         return
-    _write_pool(k, layer_cache.k, slots)
-    _write_pool(v, layer_cache.v, slots)
+    _write_pool(storage_input(k, layer_cache.k, layer_cache.k_mean), layer_cache.k, slots)
+    _write_pool(storage_input(v, layer_cache.v, layer_cache.v_mean), layer_cache.v, slots)
 
 
 def gather_kv(pool: CachePool, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:

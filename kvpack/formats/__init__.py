@@ -23,7 +23,7 @@ from kvpack.formats.integer import (
     INT4_HI_SHIFT, INT4_LO_SHIFT, INT4_NIBBLE_MASK, INT4_NIBBLE_ORDER, int4_params, pack_int4,
     unpack_int4,
 )
-from kvpack.formats.rotation import hadamard, hadamard_block_size, rotate
+from kvpack.formats.rotation import hadamard, hadamard_block_size, hadamard_norm, hadamard_transform, rotate
 from kvpack.formats.scales import (
     SCALES_FORMAT, SCALES_VERSION, KVScales, derive_scales, load_scales, model_fingerprint,
     save_scales,
@@ -40,7 +40,8 @@ __all__ = [
     "FP8E4M3_NAN_CODE", "FP8E5M2_EXP_BITS", "FP8E5M2_MAN_BITS", "FP8E5M2_BIAS", "FP8E5M2_MAX",
     "FP8E5M2_MAX_CODE", "FP8E5M2_NAN_CODE", "FP8E5M2_INF_CODE",
     "INT4_NIBBLE_ORDER", "INT4_LO_SHIFT", "INT4_HI_SHIFT", "INT4_NIBBLE_MASK",
-    "pack_int4", "unpack_int4", "int4_params", "hadamard", "hadamard_block_size", "rotate",
+    "pack_int4", "unpack_int4", "int4_params", "hadamard", "hadamard_block_size", "hadamard_norm",
+    "hadamard_transform", "rotate",
     "KVScales", "load_scales", "save_scales", "model_fingerprint", "derive_scales",
     "SCALES_FORMAT", "SCALES_VERSION",
 ]

@@ -6,11 +6,18 @@ otherwise block-diagonal with Hadamard blocks of size b = the largest power of t
 K and V are stored as `x @ R`, and rotating again recovers x. It spreads outlier channels over
 the block before int4 quantization; attention scores and outputs are mathematically unchanged
 (q is multiplied by R when K is rotated, the output by R when V is rotated).
+
+Storage rotation is defined operation by operation (`hadamard_transform`): log2(b) float32
+butterfly stages (a, c) -> (a + c, a - c) over channel pairs i, i + h for h = 1, 2, ..., b/2, then one
+multiply by `hadamard_norm(b)`. Every output is the same sequence of IEEE float32 adds and one
+multiply in any implementation, so the Triton cache write reproduces the reference codes bit for
+bit. Mathematically it is `x @ R` (the dense R serves the query/output side, where rounding is free).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -43,6 +50,27 @@ def hadamard(head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return _hadamard(head_dim, str(dev))
+
+
+def hadamard_norm(block: int) -> float:
+    """1/sqrt(block) rounded to float32 (the constant both the reference and the kernels multiply by)."""
+    return float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))
+
+
+def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
+    """x @ R on the last dim (x [..., D]) as the storage rotation: float32 butterflies in the fixed
+    order above, block b = `hadamard_block_size(D)`, then the multiply by `hadamard_norm(b)`."""
+    x = x.to(torch.float32)
+    d = x.shape[-1]
+    b = hadamard_block_size(d)
+    lead = x.shape[:-1]
+    h = 1
+    while h < b:
+        y = x.reshape(*lead, d // (2 * h), 2, h)
+        a, c = y[..., 0, :], y[..., 1, :]
+        x = torch.stack((a + c, a - c), dim=-2).reshape(*lead, d)
+        h *= 2
+    return x * hadamard_norm(b)
 
 
 def rotate(x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:

@@ -2,8 +2,12 @@
 
 Grid (cdiv(T, BLOCK_T), Hkv): each program takes BLOCK_T tokens of one kv head, for K and for V.
 Codes, scales and zeros equal `kvpack.attention.reference.write_kv` bit for bit: float32 math with
-IEEE division (`div_rn`), scales rounded to float16 before use, round-half-even, clamp. Rotation
-(int4) is `x.float() @ R` in the launcher, the very op the reference runs, so the codes match.
+IEEE division (`div_rn`), scales rounded to float16 before use, round-half-even, clamp. Centering
+(x minus the layer's mean) and the storage rotation run in the kernel as the reference defines them
+(`kvpack.attention.reference.storage_input`): a float32 subtract, then `_hadamard`, the same butterfly
+stages and final multiply as `kvpack.formats.hadamard_transform`. One exception: int4 with a head dim
+that is not a power of two (80, 96: Hadamard blocks straddle the two nibble halves) is centered and
+rotated by `storage_input` in the launcher, and the kernel quantizes.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import triton
 import triton.language as tl
 
 from kvpack.attention.kv_cache import CachePool, LayerKVCache
-from kvpack.formats import QMAX
+from kvpack.attention.reference import storage_input
+from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.quant import (
     K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_encode, int4_encode, int4_pack, int8_encode,
 )
@@ -27,11 +32,45 @@ def _absmax_scale(x, QMAX: tl.constexpr):
 
 
 @triton.jit
-def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr,
+def _butterfly(x, BT: tl.constexpr, DP: tl.constexpr, H: tl.constexpr):
+    """One Hadamard stage on x [BT, DP]: channels (i, i + H) of every 2H-chunk -> (a + c, a - c)."""
+    y = tl.permute(tl.reshape(x, (BT, DP // (2 * H), 2, H)), (0, 1, 3, 2))
+    a, c = tl.split(y)
+    y = tl.permute(tl.join(a + c, a - c), (0, 1, 3, 2))
+    return tl.reshape(y, (BT, DP))
+
+
+@triton.jit
+def _hadamard(x, BT: tl.constexpr, DP: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr):
+    """x @ R for x [BT, DP] float32 (padding channels 0): stages H = 1, 2, ..., HB/2, then * NORM."""
+    if HB >= 2:
+        x = _butterfly(x, BT, DP, 1)
+    if HB >= 4:
+        x = _butterfly(x, BT, DP, 2)
+    if HB >= 8:
+        x = _butterfly(x, BT, DP, 4)
+    if HB >= 16:
+        x = _butterfly(x, BT, DP, 8)
+    if HB >= 32:
+        x = _butterfly(x, BT, DP, 16)
+    if HB >= 64:
+        x = _butterfly(x, BT, DP, 32)
+    if HB >= 128:
+        x = _butterfly(x, BT, DP, 64)
+    if HB >= 256:
+        x = _butterfly(x, BT, DP, 128)
+    if HB >= 512:
+        x = _butterfly(x, BT, DP, 256)
+    return x * NORM
+
+
+@triton.jit
+def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr,
                 cs0, cs1, cs2, ss0, ss1, ss2, blk, off, tok, tmask, h,
                 FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
                 D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
-                NG: tl.constexpr):
+                NG: tl.constexpr, CENTER: tl.constexpr, ROTATE: tl.constexpr, HB: tl.constexpr,
+                NORM: tl.constexpr, BT: tl.constexpr):
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh  # [BT] pointers
     c_row = blk * cs0 + h * cs1 + off * cs2  # [BT] int64 element offsets
     s_row = blk * ss0 + h * ss1 + off * ss2
@@ -39,8 +78,19 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
         HALF: tl.constexpr = D // 2
         j = tl.arange(0, HALF_PAD)
         jm = tmask[:, None] & (j < HALF)[None, :]
-        x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
-        x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
+        if ROTATE:  # D a power of two (the launcher's rule): the whole row, then its two halves
+            d = tl.arange(0, D)
+            x = tl.load(x_row[:, None] + d[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
+            if CENTER:
+                x = x - tl.load(mean_ptr + h * D + d)[None, :]
+            x = _hadamard(x, BT, D, HB, NORM)
+            x_lo, x_hi = tl.split(tl.permute(tl.reshape(x, (BT, 2, HALF)), (0, 2, 1)))
+        else:
+            x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
+            x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
+            if CENTER:
+                x_lo = x_lo - tl.load(mean_ptr + h * D + j, mask=j < HALF, other=0.0)[None, :]
+                x_hi = x_hi - tl.load(mean_ptr + h * D + HALF + j, mask=j < HALF, other=0.0)[None, :]
         s_lo = tl.zeros_like(x_lo)
         s_hi = tl.zeros_like(x_lo)
         m_lo = tl.zeros_like(x_lo)
@@ -69,6 +119,10 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
         d = tl.arange(0, D_PAD)
         dm = tmask[:, None] & (d < D)[None, :]
         x = tl.load(x_row[:, None] + d[None, :], mask=dm, other=0.0).to(tl.float32)
+        if CENTER:
+            x = x - tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
+        if ROTATE:  # padding channels are 0 and fill whole Hadamard blocks of their own
+            x = _hadamard(x, BT, D_PAD, HB, NORM)
         c_ptrs = codes_ptr + c_row[:, None] + d[None, :]
         if FMT == K_FMT_FLOAT:
             if codes_ptr.dtype.element_ty == tl.bfloat16:
@@ -78,7 +132,6 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
         else:
             if STATIC:
                 s = tl.load(static_ptr + h)
-                xs = x
             else:
                 s1 = _absmax_scale(x, QMAX)
                 tl.store(scales_ptr + s_row, s1.to(tl.float16), mask=tmask)
@@ -93,14 +146,16 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
 @triton.jit
 def _cache_write_kernel(
     k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, slot_ptr, T,
-    kc_ptr, ks_ptr, kz_ptr, kst_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
-    vc_ptr, vs_ptr, vz_ptr, vst_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
+    kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
+    vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
     BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr,
     K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_QMAX: tl.constexpr, K_G: tl.constexpr,
-    K_NG: tl.constexpr,
+    K_NG: tl.constexpr, K_CENTER: tl.constexpr, K_ROTATE: tl.constexpr, K_HB: tl.constexpr,
+    K_NORM: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_QMAX: tl.constexpr, V_G: tl.constexpr,
-    V_NG: tl.constexpr,
+    V_NG: tl.constexpr, V_CENTER: tl.constexpr, V_ROTATE: tl.constexpr, V_HB: tl.constexpr,
+    V_NORM: tl.constexpr,
 ):
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -109,34 +164,40 @@ def _cache_write_kernel(
     slot = tl.where(tmask, slot, 0)
     blk = slot // BLOCK_SIZE
     off = slot % BLOCK_SIZE
-    _write_side(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr,
+    _write_side(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
                 kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
-                K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG)
-    _write_side(v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr,
+                K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
+                BLOCK_T)
+    _write_side(v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
                 vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
-                V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG)
+                V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
+                BLOCK_T)
 
 
-_rotations: dict[tuple, torch.Tensor] = {}
+def _side_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> tuple[torch.Tensor, list]:
+    """(kernel input, [mean tensor, CENTER, ROTATE, HB, NORM]) for one side. Centering and rotation
+    run in the kernel, except int4 with a head dim that is not a power of two (see the module doc)."""
+    fmt = pool.fmt
+    d = fmt.head_dim
+    if fmt.kind == "int4" and (fmt.rotate or mean is not None) and d & (d - 1):
+        x = storage_input(x, pool, mean)
+        mean, rotate = None, False
+    else:
+        rotate = fmt.rotate
+    if mean is not None:
+        assert mean.shape == (pool.num_kv_heads, d), (mean.shape, pool.num_kv_heads, d)
+        mean = mean.to(device=x.device, dtype=torch.float32).contiguous()
+    hb = hadamard_block_size(d)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    return x, [mean if mean is not None else x, mean is not None, rotate, hb, hadamard_norm(hb)]
 
 
-def _prepare_input(x: torch.Tensor, pool: CachePool) -> torch.Tensor:
-    """Rotate as the reference does (float32 `x @ R`); otherwise pass x through (any float dtype)."""
-    if pool.fmt.rotate:
-        key = (pool.fmt.head_dim, str(x.device))
-        r = _rotations.get(key)
-        if r is None:
-            r = _rotations[key] = pool.fmt.rotation(x.device).to(device=x.device, dtype=torch.float32)
-        x = x.to(torch.float32) @ r
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def _pool_args(pool: CachePool) -> list:
+def _pool_args(pool: CachePool, mean_arg) -> list:
     codes = pool.codes
     scales = pool.scales if pool.scales is not None else codes
     zeros = pool.zeros if pool.zeros is not None else scales
     static = pool.static_scale if pool.static_scale is not None else codes
-    return [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
+    return [codes, scales, zeros, static, mean_arg, *codes.stride()[:3], *scales.stride()[:3]]
 
 
 def _fmt_constexprs(pool: CachePool) -> list:
@@ -154,23 +215,25 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
     assert kp.fmt.head_dim == D and vp.fmt.head_dim == D and kp.num_kv_heads == H
     for pool in (kp, vp):
         assert pool.codes.is_contiguous() and (pool.scales is None or pool.scales.is_contiguous())
-    k, v = _prepare_input(k, kp), _prepare_input(v, vp)
+    k, k_extra = _side_input(k, kp, layer_cache.k_mean)
+    v, v_extra = _side_input(v, vp, layer_cache.v_mean)
     slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
     d_pad = triton.next_power_of_2(D)
     half_pad = max(triton.next_power_of_2(D // 2), 1)
     block_t = max(1, min(16, 2048 // d_pad))
     grid = (triton.cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
-            *_pool_args(kp), *_pool_args(vp),
+            *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
             kp.block_size, block_t, D, d_pad, half_pad,
-            *_fmt_constexprs(kp), *_fmt_constexprs(vp)]
+            *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:]]
     return grid, args, {"num_warps": 4}
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:
     """Quantize and scatter new tokens into the cache (Triton), same contract as the reference.
 
-    k, v:         [T, Hkv, D] float (bf16/fp16/fp32), post-RoPE, unrotated; last dim contiguous.
+    k, v:         [T, Hkv, D] float (bf16/fp16/fp32), post-RoPE, as the model computed them
+                  (uncentered, unrotated: the kernel does both, see the module doc).
     layer_cache:  LayerKVCache whose pools follow `kvpack.attention.kv_cache.CachePool`.
     slot_mapping: [T] int64 (or int32), block_id * block_size + offset; -1 entries are skipped.
     """

@@ -19,7 +19,7 @@ from kvpack.config import CacheConfig, KVPackError
 from kvpack.engine.centering import attention_layers, measure_kv_means
 from kvpack.formats import save_scales
 from kvpack.formats.base import CENTER_KINDS, ROTATE_KINDS, STATIC_KINDS
-from kvpack.formats.rotation import hadamard
+from kvpack.formats.rotation import hadamard_transform
 from kvpack.models.loader import LoadedModel
 from kvpack.tools.scoring import PagedScorer, token_windows
 
@@ -64,7 +64,7 @@ class _Recorder:
                 if center:
                     y = y - self.means[0 if side == "k" else 1][i].to(y.device)
                 if rotate:
-                    y = y @ hadamard(module.head_dim, y.device)
+                    y = hadamard_transform(y)  # the storage rotation, as the cache write does it
                 self.stats[(side, center, rotate)][i].append(y.abs().amax(dim=-1).cpu())
         return hook
 
