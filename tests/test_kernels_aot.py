@@ -103,13 +103,6 @@ def variants():
                 out.append((f"decode/{name}/D{D}/splits{splits}", _decode_kernel, plan.args, plan.options))
                 if plan.merge_args is not None and name == "int8":
                     out.append(("merge", _merge_kernel, plan.merge_args, {}))
-            if name in ("int4", "fp8_e4m3"):  # KVPACK_DECODE_ROTATION=kernel: q @ R, out @ R in the kernel
-                os.environ["KVPACK_DECODE_ROTATION"] = "kernel"
-                try:
-                    plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="dot")
-                finally:
-                    del os.environ["KVPACK_DECODE_ROTATION"]
-                out.append((f"decode-rot-in-kernel/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if D == 128 and name in ("bfloat16", "int8", "int4"):  # the swapped-operand experiment
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dott")
                 out.append((f"decode-dott/{name}/D{D}", plan.kernel, plan.args, plan.options))

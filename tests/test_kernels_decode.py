@@ -79,46 +79,6 @@ def test_decode_each_format(name):
     check(name, name, [37, 1, 70], num_splits=1)
 
 
-@pytest.mark.parametrize("k_name,v_name,D", [("int4", "int4", 64), ("fp8_e4m3", "fp8_e4m3", 64), ("int4", "int8", 80),
-                                             ("int8", "int4", 64), ("fp8_e5m2", "fp8_e5m2", 96), ("int4", "bfloat16", 64)])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_rotation_in_kernel(monkeypatch, k_name, v_name, D, splits):
-    """KVPACK_DECODE_ROTATION=kernel (q @ R and out @ R inside the dot kernel): the reference's
-    tolerance, for each rotated side alone and both, split or not, head dims 64/80/96."""
-    from kvpack.kernels.decode_attention import plan_decode
-
-    monkeypatch.setenv("KVPACK_DECODE_ROTATION", "kernel")
-    q, lc, meta = build_case(k_name, v_name, [37, 1, 70], 4, 2, D, 16)
-    plan = plan_decode(q, lc, meta, 0.1, num_splits=splits)
-    assert plan.rv is None and plan.out.dtype == q.dtype  # no GEMM after the kernel
-    assert plan.args[0] is q  # nor before it
-    check(k_name, v_name, [37, 1, 70], D=D, num_splits=splits)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
-@pytest.mark.parametrize("k_name,v_name", [("int4", "int4"), ("fp8_e4m3", "fp8_e4m3"), ("int8", "int4"),
-                                           ("fp8_e5m2", "bfloat16")])
-def test_rotation_in_kernel_gpu(monkeypatch, k_name, v_name, D):
-    """The in-kernel rotation on the GPU, large shapes: the same tolerance as test_decode_gpu_large."""
-    monkeypatch.setenv("KVPACK_DECODE_ROTATION", "kernel")
-    check(k_name, v_name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=16, device="cuda",
-          dtype=torch.float16, atol=ATOL, rtol=RTOL)
-
-
-def test_rotation_mode_env(monkeypatch):
-    from kvpack.config import ConfigError
-    from kvpack.kernels.decode_attention import rotation_in_kernel
-
-    monkeypatch.delenv("KVPACK_DECODE_ROTATION", raising=False)
-    assert not rotation_in_kernel()  # the GPU-measured path stays the default
-    monkeypatch.setenv("KVPACK_DECODE_ROTATION", "kernel")
-    assert rotation_in_kernel()
-    monkeypatch.setenv("KVPACK_DECODE_ROTATION", "gemm")
-    with pytest.raises(ConfigError, match="KVPACK_DECODE_ROTATION"):
-        rotation_in_kernel()
-
-
 @pytest.mark.parametrize("name", ["float16", "int8", "int8-static", "int4", "fp8_e4m3"])
 def test_dott_each_format(name):
     """The "dott" variant (scores as K @ q^T, an experiment): the dot variant's tolerance."""

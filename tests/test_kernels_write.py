@@ -89,7 +89,7 @@ def reference_write_cpu(k, v, lc: LayerKVCache, slots) -> LayerKVCache:
     device) is formed by `reference.storage_input`, then goes through the reference quantizer of
     the same format without rotation or mean."""
     def side(x, pool, mean):
-        x = reference.storage_input(x, pool, mean)
+        x = reference.storage_input(x, pool, None if mean is None else mean.to(x.device))
         pool = type(pool)(pool.codes, pool.scales, pool.zeros, pool.static_scale,
                           dataclasses.replace(pool.fmt, rotate=False))
         return x.cpu(), pool

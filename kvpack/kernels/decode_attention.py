@@ -24,14 +24,12 @@ are float32.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from kvpack.attention.kv_cache import LayerKVCache
-from kvpack.config import ConfigError
 from kvpack.kernels.decode_attention_fma import (  # noqa: F401 (re-exported: tests, benchmarks)
     FMA_NUM_WARPS, FMA_TOKENS_PER_THREAD, _fma_decode_kernel, _fma_factors, choose_fma_splits, fma_tile,
 )
@@ -197,7 +195,7 @@ def _decode_kernel(
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
-    rk_ptr, rv_ptr, ROT_K: tl.constexpr, ROT_V: tl.constexpr, SWAP: tl.constexpr = False,
+    SWAP: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -213,22 +211,7 @@ def _decode_kernel(
     gm = g < GROUP
     heads = h * GROUP + g
     q_base = q_ptr + q_row.to(tl.int64) * sq_t + heads[:, None] * sq_h
-    if ROT_K:  # q @ R in the kernel (float32 dot, no TF32): R [D, D] float32, row-major
-        d = tl.arange(0, D_PAD)
-        dm = d < D
-        qf = tl.load(q_base + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0).to(tl.float32)
-        if K_FMT == K_FMT_INT4:  # the halves the int4 tile is split into: columns j and HALF + j of q @ R
-            j = tl.arange(0, HALF_PAD)
-            rm = dm[:, None] & (j < HALF)[None, :]
-            r_a = tl.load(rk_ptr + d[:, None] * D + j[None, :], mask=rm, other=0.0)
-            r_b = tl.load(rk_ptr + d[:, None] * D + HALF + j[None, :], mask=rm, other=0.0)
-            q_a = tl.dot(qf, r_a, input_precision="ieee").to(K_DT)
-            q_b = tl.dot(qf, r_b, input_precision="ieee").to(K_DT)
-        else:
-            r = tl.load(rk_ptr + d[:, None] * D + d[None, :], mask=dm[:, None] & dm[None, :], other=0.0)
-            q_a = tl.dot(qf, r, input_precision="ieee").to(K_DT)
-            q_b = q_a
-    elif K_FMT == K_FMT_INT4:
+    if K_FMT == K_FMT_INT4:
         j = tl.arange(0, HALF_PAD)
         qm = gm[:, None] & (j < HALF)[None, :]
         q_a = tl.load(q_base + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
@@ -277,19 +260,7 @@ def _decode_kernel(
         acc_a = acc_a * v_scale
         acc_b = acc_b * v_scale
 
-    if ROT_V:  # acc @ R in the kernel (linear, so split partials may be rotated before the merge)
-        d = tl.arange(0, D_PAD)
-        dm = d < D
-        if V_FMT == K_FMT_INT4:  # acc_a / acc_b hold channels j / HALF + j: rows j / HALF + j of R
-            j = tl.arange(0, HALF_PAD)
-            rm = (j < HALF)[:, None] & dm[None, :]
-            r_top = tl.load(rv_ptr + j[:, None] * D + d[None, :], mask=rm, other=0.0)
-            r_bot = tl.load(rv_ptr + (HALF + j)[:, None] * D + d[None, :], mask=rm, other=0.0)
-            acc_a = tl.dot(acc_a, r_top, input_precision="ieee") + tl.dot(acc_b, r_bot, input_precision="ieee")
-        else:
-            r = tl.load(rv_ptr + d[:, None] * D + d[None, :], mask=dm[:, None] & dm[None, :], other=0.0)
-            acc_a = tl.dot(acc_a, r, input_precision="ieee")
-    if V_FMT == K_FMT_INT4 and not ROT_V:
+    if V_FMT == K_FMT_INT4:
         c = tl.arange(0, HALF_PAD)
         cm = gm[:, None] & (c < HALF)[None, :]
     else:
@@ -300,14 +271,14 @@ def _decode_kernel(
         cm = cm & has_q
         l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr, (acc_a / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
-        if V_FMT == K_FMT_INT4 and not ROT_V:
+        if V_FMT == K_FMT_INT4:
             tl.store(o_ptr + HALF, (acc_b / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
     else:
         # partials: po [B, Hq, num_splits, D] fp32, pml [B, Hq, num_splits, 2] fp32
         ph = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * tl.num_programs(2) + split
         p_ptr = po_ptr + ph[:, None] * D + c[None, :]
         tl.store(p_ptr, acc_a, mask=cm)
-        if V_FMT == K_FMT_INT4 and not ROT_V:
+        if V_FMT == K_FMT_INT4:
             tl.store(p_ptr + HALF, acc_b, mask=cm)
         tl.store(pml_ptr + ph * 2, m_i, mask=gm)
         tl.store(pml_ptr + ph * 2 + 1, l_i, mask=gm)
@@ -337,19 +308,6 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
 
 
 # ---- launch plan and launcher ----------------------------------------------------------------
-ROTATION_ENV = "KVPACK_DECODE_ROTATION"
-
-
-def rotation_in_kernel() -> bool:
-    """Rotated formats: q @ R and out @ R as separate float32 GEMMs around the kernel ("torch", the
-    default: the path measured on the H200) or inside the dot kernels ("kernel": checked against the
-    reference under the interpreter and compiled for sm_80/86, not yet run on a GPU), per
-    $KVPACK_DECODE_ROTATION."""
-    name = os.environ.get(ROTATION_ENV, "") or "torch"
-    if name not in ("kernel", "torch"):
-        raise ConfigError(f"{ROTATION_ENV}={name!r}: choose kernel or torch")
-    return name == "kernel"
-
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
@@ -366,12 +324,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
     rk, rv = _rotation(kp, dev), _rotation(vp, dev)
-    # KVPACK_DECODE_ROTATION=kernel: the dot kernels rotate q and the output themselves
-    in_kernel = variant != "fma" and rotation_in_kernel()
-    rk_arg, rv_arg = (rk, rv) if in_kernel else (None, None)
-    if in_kernel:
-        rv = None
-    q_in = q.float() @ rk if rk is not None and not in_kernel else q
+    q_in = q.float() @ rk if rk is not None else q
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
     out_dtype = torch.float32 if rv is not None else q.dtype
@@ -427,9 +380,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         half_pad = triton.next_power_of_2(max(D // 2, 1))
         group_pad = max(16, triton.next_power_of_2(group))
         args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
-                 *k_c, *v_c, INTERPRET, fast_cvt,
-                 q_in if rk_arg is None else rk_arg, q_in if rv_arg is None else rv_arg,
-                 rk_arg is not None, rv_arg is not None, variant == "dott"]
+                 *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott"]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
