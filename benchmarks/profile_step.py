@@ -53,7 +53,10 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
         while engine.has_unfinished_requests():
             engine.step()
         rows = []
+        kernel = torch.autograd.DeviceType.CUDA
         for e in prof.key_averages():  # GPU kernels (self device time); on CPU, the ops' self CPU time
+            if cuda and getattr(e, "device_type", kernel) != kernel:
+                continue  # operator rows repeat their kernels' time
             t = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) if cuda \
                 else e.self_cpu_time_total
             if t > 0:

@@ -167,8 +167,11 @@ class CacheConfig:
             raise ConfigError(
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.int4_group_size not in (32, 64):
-            raise ConfigError(f"int4 group size must be 32 or 64, got {self.int4_group_size}")
+        from kvpack.formats.base import INT4_GROUP_SIZES  # lazy: formats imports this module
+
+        if self.int4_group_size not in INT4_GROUP_SIZES:
+            raise ConfigError(f"int4 group size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
+                              f"got {self.int4_group_size}")
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ConfigError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

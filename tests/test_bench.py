@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from kvpack.config import CacheConfig
+from kvpack.config import CacheConfig, ConfigError
 from kvpack.entrypoints.cli import main
 from kvpack.formats import kv_bytes_per_token
 from kvpack.attention.kv_cache import resolve_kv_formats
@@ -52,6 +52,20 @@ def test_capacity_json_matches_format_definition(tmp_path, capsys):
     assert by["bfloat16"]["capacity_vs_bf16"] == 1.0
     assert by["int8"]["capacity_vs_bf16"] == pytest.approx(256 / 130, rel=0.01)
     assert by["int4"]["capacity_vs_bf16"] == pytest.approx(3.2, rel=0.01)
+
+
+def test_capacity_int4_one_group_per_head(tmp_path, capsys):
+    """--int4-group-size 128 at head_dim 128: 64 code bytes + one fp16 scale and zero = 68 bytes per
+    token and head, 256 / 68 = 3.765x bf16."""
+    rc, out, _ = _run(capsys, ["bench", "capacity", "--model", "llama-3.1-8b", "--kv-cache-memory", "8GiB",
+                               "--kv-cache-dtype", "bfloat16,int4", "--int4-group-size", "128", "--json"])
+    rows = json.loads(out)
+    assert rc == 0 and rows[1]["bytes_per_token"] == 32 * 8 * 2 * 68
+    assert rows[1]["capacity_vs_bf16"] == pytest.approx(256 / 68, rel=0.01)
+    with pytest.raises(SystemExit):
+        main(["bench", "capacity", "--int4-group-size", "16"])
+    with pytest.raises(ConfigError, match="group size"):
+        CacheConfig(int4_group_size=16)
 
 
 def test_capacity_from_hf_config_and_stdout_json(tmp_path, capsys):

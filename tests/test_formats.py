@@ -78,7 +78,7 @@ def test_errors():
 
 @pytest.mark.parametrize("head_dim,group,expect", [
     (128, 32, 32), (128, 64, 64), (64, 64, 64), (80, 32, 16), (96, 32, 32), (96, 64, 32),
-    (16, 32, 16), (256, 32, 32), (72, 32, 8),
+    (16, 32, 16), (256, 32, 32), (72, 32, 8), (128, 128, 128), (64, 128, 64), (256, 128, 128),
 ])
 def test_int4_group_size(head_dim, group, expect):
     f = resolve_format("int4", head_dim=head_dim, int4_group_size=group)

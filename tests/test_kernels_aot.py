@@ -145,7 +145,7 @@ def compile_all(archs=(80, 86)) -> list[dict]:
                 ck = triton.compile(triton.compiler.ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
                                     options=opts)
                 ptx = ck.asm["ptx"]
-                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")),
+                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")), f32_fma=ptx.count("fma.rn.f32"),
                            fp8_cvt=sorted(set(m.group(0) for m in FP8_CVT.finditer(ptx))),
                            target_line=next((ln for ln in ptx.splitlines() if ln.startswith(".target")), ""))
             except Exception as e:  # reported, and the test fails on it
@@ -176,6 +176,13 @@ def test_every_variant_compiles_for_ampere(aot_results):
 def test_no_hardware_fp8_conversions(aot_results):
     bad = [(r["variant"], r["arch"], r["fp8_cvt"]) for r in aot_results if r["fp8_cvt"]]
     assert not bad, bad
+
+
+def test_cache_write_has_no_fused_multiply_add(aot_results):
+    """The write must round like the reference (x * NORM, then x - m): no mul+add contraction."""
+    writes = [r for r in aot_results if r["variant"].startswith("write")]
+    assert writes and all(r["f32_fma"] == 0 for r in writes), [(r["variant"], r["f32_fma"]) for r in writes]
+    assert any(r["f32_fma"] > 0 for r in aot_results)  # the count would see one: decode kernels fuse
 
 
 def test_fp8_pattern_would_match():

@@ -106,6 +106,51 @@ def test_decode_mixed_formats(k_name, v_name):
     check(k_name, v_name, [45, 33], num_splits=2)
 
 
+@pytest.mark.parametrize("k_name,v_name,D", [("fp8_e4m3", "fp8_e4m3", 64), ("int8", "int8", 64),
+                                             ("int4", "fp8_e5m2", 80), ("bfloat16", "int4", 64)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_and_prefill_with_layer_means(k_name, v_name, D, splits):
+    """A layer cache with K and V means (centered sides): the Triton paths return what the reference
+    returns (V rotated back and its mean added, each kv head's mean broadcast over its query heads),
+    decode (split or not) and the mixed prefill kernel."""
+    _check_layer_means(k_name, v_name, D, splits, [37, 1, 70], 4, 2, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,D", [("fp8_e4m3", "fp8_e4m3", 128), ("int8", "int4", 128),
+                                             ("int4", "fp8_e5m2", 80), ("fp8_e4m3", "fp8_e4m3", 256)])
+def test_layer_means_gpu(k_name, v_name, D):
+    _check_layer_means(k_name, v_name, D, None, [1, 17, 1000, 4099, 257], 32, 8, "cuda")
+
+
+def _check_layer_means(k_name, v_name, D, splits, seq_lens, Hq, Hkv, device):
+    import dataclasses
+
+    from kvpack.kernels import paged_attention
+    from kvpack.kernels.decode_attention import decode_paged_attention
+    from kvpack.kernels.prefill_attention import prefill_paged_attention
+
+    q, lc, meta = build_case(k_name, v_name, seq_lens, Hq, Hkv, D, 16, device=device)
+    gen = torch.Generator().manual_seed(7)
+    lc = dataclasses.replace(lc, k_mean=torch.randn(Hkv, D, generator=gen).to(device),
+                             v_mean=(torch.randn(Hkv, D, generator=gen) * 3).to(device))
+    ref = reference.paged_attention(q, lc, meta, D ** -0.5).float()
+    plain = reference.paged_attention(q, dataclasses.replace(lc, v_mean=None), meta, D ** -0.5).float()
+    assert (ref - plain).abs().max() > 1.0  # the mean matters at this tolerance
+    for out in (decode_paged_attention(q, lc, meta, D ** -0.5, num_splits=splits),
+                prefill_paged_attention(q, lc, meta, D ** -0.5), paged_attention(q, lc, meta, D ** -0.5)):
+        assert out.dtype == q.dtype
+        err = ((out.float() - ref).abs() - RTOL * ref.abs()).max().item()
+        assert err <= ATOL, (k_name, v_name, D, splits, err)
+
+
+@pytest.mark.parametrize("D,group_size", [(128, 128), (64, 64)])
+def test_decode_int4_one_group_per_head(D, group_size):
+    """--int4-group-size 128: one group spans both nibble halves (the gather path), split or not."""
+    check("int4", "int4", [37, 1, 70], D=D, group_size=group_size, num_splits=1)
+    check("int8", "int4", [37, 1, 70], D=D, group_size=group_size, num_splits=3)
+
+
 @pytest.mark.parametrize("group,Hkv", [(1, 2), (3, 1), (8, 1)])
 def test_decode_gqa_ratios(group, Hkv):
     check("int8", "int4", [29, 64], Hq=group * Hkv, Hkv=Hkv)
@@ -146,10 +191,20 @@ def test_decode_detects_wrong_cache():
                                   "fp8_e4m3-static", "fp8_e5m2"])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_decode_gpu_large(name, D, block_size):
+    _decode_gpu_large(name, D, block_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_decode_gpu_int4_group_128(D):
+    _decode_gpu_large("int4", D, 16, group_size=128)
+
+
+def _decode_gpu_large(name, D, block_size, **kw):
     bf16 = name == "bfloat16"
     check(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=block_size, device="cuda",
           dtype=torch.bfloat16 if bf16 else torch.float16, atol=1e-2 if bf16 else ATOL,
-          rtol=1e-2 if bf16 else RTOL)
+          rtol=1e-2 if bf16 else RTOL, **kw)
 
 
 @triton.jit

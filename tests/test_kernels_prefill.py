@@ -42,13 +42,15 @@ def _fill_garbage(pool) -> None:
 
 def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, block_size=16,
              dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV,
-             attention=None, q_scale=1.0):
+             attention=None, q_scale=1.0, int4_group_size=32):
     """Build a shuffled paged cache, write every position with the reference, attend with both.
     Returns (kernel output, reference output), both float32 [T, Hq, D]."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
-    fk = resolve_format(k_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype)
-    fv = resolve_format(v_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype)
+    fk = resolve_format(k_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype,
+                        int4_group_size=int4_group_size)
+    fv = resolve_format(v_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype,
+                        int4_group_size=int4_group_size)
     nblk = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(nblk) + 3
     ids = list(range(num_blocks))
@@ -121,6 +123,14 @@ def test_q_beyond_fp16_range():
     out, ref = run_case("int8", "int8", dtype=torch.bfloat16, q_scale=4e4, seed=4, **MIXED)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("head_dim,group", [(128, 128), (64, 64)])
+def test_int4_one_group_per_head(head_dim, group):
+    """--int4-group-size 128 (one scale/zero per token and head at head_dim 128): groups span both
+    nibble halves, the gather path."""
+    out, ref = run_case("int4", "int4", dtype=torch.float16, head_dim=head_dim, int4_group_size=group, **MIXED)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 def test_int4_without_rotation():

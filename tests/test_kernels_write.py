@@ -135,7 +135,7 @@ def test_write_mixed_k_v_formats(k_name, v_name):
     run_write(k_name, v_name, T=21, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("D,group", [(80, 32), (128, 64), (96, 32)])
+@pytest.mark.parametrize("D,group", [(80, 32), (128, 64), (96, 32), (128, 128), (64, 128)])
 @pytest.mark.parametrize("name", ["int4", "int8", "fp8_e4m3"])
 def test_write_head_dims(name, D, group):
     run_write(name, name, T=9, H=3, D=D, block_size=32, group_size=group, dtype=torch.float32)
@@ -188,6 +188,12 @@ def test_write_gpu_large(name, D, block_size):
 @pytest.mark.parametrize("name", ["int4", "int8", "fp8_e4m3", "fp8_e5m2"])
 def test_write_gpu_centered(name, D):
     run_write(name, name, T=2000, H=8, D=D, dtype=torch.bfloat16, device="cuda", centered=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_write_gpu_int4_group_128(D):
+    run_write("int4", "int4", T=2000, H=8, D=D, dtype=torch.bfloat16, device="cuda", group_size=128)
 
 
 def test_reference_cpu_path_matches_reference():

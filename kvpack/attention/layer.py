@@ -45,14 +45,10 @@ class Attention(nn.Module):
             out = causal_attention(q, k, v, metadata, self.scale)
         else:
             backend = get_attention_backend(q.device)
-            # the write subtracts the layer's K/V means (centered sides): K's is softmax-invariant
-            # (each query's scores shift by q . mean), V's is added back below (probabilities sum to 1)
+            # write_kv subtracts the layer's K/V means (centered sides; K's is softmax-invariant) and
+            # rotates; paged_attention rotates back and adds V's mean (the probabilities sum to 1)
             backend.write_kv(k, v, layer_cache, metadata.slot_mapping)
             out = backend.paged_attention(q, layer_cache, metadata, self.scale)
-            if layer_cache.v_mean is not None:  # query heads of one kv head are adjacent: broadcast, no copy
-                g = self.num_heads // self.num_kv_heads
-                out = (out.float().view(t, self.num_kv_heads, g, self.head_dim)
-                       + layer_cache.v_mean[:, None, :]).to(q.dtype)
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

@@ -111,7 +111,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of the batch's queries over the paged cache (new tokens already written).
 
-    q: [T, Hq, D] any float dtype, Hq a multiple of Hkv. Returns [T, Hq, D] in q's dtype.
+    q: [T, Hq, D] any float dtype, Hq a multiple of Hkv. Returns [T, Hq, D] in q's dtype: attention
+    over the original V (a centered V side gets its mean added back, a rotated one is rotated back).
     Sequence b's queries are q[query_start_loc[b]:query_start_loc[b+1]]; they attend to cache
     positions 0..seq_lens[b]-1 through block_tables[b], causally (see `attend`).
 
@@ -138,6 +139,9 @@ def paged_attention(
     rv = _rotation(layer_cache.v, q.device)
     if rv is not None:
         out = out @ rv
+    if layer_cache.v_mean is not None:  # the cache holds V minus its mean; the probabilities sum to 1
+        hkv = layer_cache.v_mean.shape[0]
+        out = (out.view(out.shape[0], hkv, -1, out.shape[-1]) + layer_cache.v_mean[:, None, :]).view(out.shape)
     return out.to(q.dtype)
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 from kvpack.config import CACHE_DTYPE_HELP, KVPackError
+from kvpack.formats import INT4_GROUP_SIZES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -40,6 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "int8 / fp8 instead of per-token scales")
     c.add_argument("--no-kv-rotation", dest="kv_rotation", action="store_false",
                    help="int4 / fp8: store K/V without the Hadamard rotation")
+    c.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES,
+                   help="channels per int4 scale/zero-point group: 32 (default), 64, or 128 (one group per head at "
+                        "head_dim 128: ~3.76x bf16 capacity instead of 3.2x, less accurate)")
     c.add_argument("--no-kv-centering", dest="kv_centering", action="store_false",
                    help="store quantized K (and fp8 V) without subtracting their per-channel means "
                         "(from --kv-scales, else from a probe text run at start)")
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
     llm = LLM(model=args.model, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
               k_cache_dtype=args.k_cache_dtype, v_cache_dtype=args.v_cache_dtype,
-              kv_scales=args.kv_scales, kv_rotation=args.kv_rotation, kv_centering=args.kv_centering, block_size=args.block_size,
+              kv_scales=args.kv_scales, kv_rotation=args.kv_rotation, kv_centering=args.kv_centering,
+              int4_group_size=args.int4_group_size, block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,

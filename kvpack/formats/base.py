@@ -42,7 +42,7 @@ SCALE_DTYPE = torch.float16  # per-token scales and int4 zero-points
 STATIC_SCALE_DTYPE = torch.float32  # per-(layer, kv head) scales from a scales file
 STATIC_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # kinds that accept static scales
 
-INT4_GROUP_SIZES = (32, 64)
+INT4_GROUP_SIZES = (32, 64, 128)  # 128: one group per head at head_dim >= 128 (the most capacity)
 INT4_MIN_GROUP = 8
 
 # ---- user-facing names ---------------------------------------------------------------------

@@ -19,6 +19,7 @@ import triton.language as tl
 from kvpack.attention.kv_cache import CachePool, LayerKVCache
 from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
+from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
     K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_encode, int4_encode, int4_pack, int8_encode,
 )
@@ -32,36 +33,21 @@ def _absmax_scale(x, QMAX: tl.constexpr):
 
 
 @triton.jit
-def _butterfly(x, BT: tl.constexpr, DP: tl.constexpr, H: tl.constexpr):
-    """One Hadamard stage on x [BT, DP]: channels (i, i + H) of every 2H-chunk -> (a + c, a - c)."""
-    y = tl.permute(tl.reshape(x, (BT, DP // (2 * H), 2, H)), (0, 1, 3, 2))
-    a, c = tl.split(y)
-    y = tl.permute(tl.join(a + c, a - c), (0, 1, 3, 2))
-    return tl.reshape(y, (BT, DP))
-
-
-@triton.jit
-def _hadamard(x, BT: tl.constexpr, DP: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr):
-    """x @ R for x [BT, DP] float32 (padding channels 0): stages H = 1, 2, ..., HB/2, then * NORM."""
-    if HB >= 2:
-        x = _butterfly(x, BT, DP, 1)
-    if HB >= 4:
-        x = _butterfly(x, BT, DP, 2)
-    if HB >= 8:
-        x = _butterfly(x, BT, DP, 4)
-    if HB >= 16:
-        x = _butterfly(x, BT, DP, 8)
-    if HB >= 32:
-        x = _butterfly(x, BT, DP, 16)
-    if HB >= 64:
-        x = _butterfly(x, BT, DP, 32)
-    if HB >= 128:
-        x = _butterfly(x, BT, DP, 64)
-    if HB >= 256:
-        x = _butterfly(x, BT, DP, 128)
-    if HB >= 512:
-        x = _butterfly(x, BT, DP, 256)
-    return x * NORM
+def _int4_groups(x, scales_ptr, zeros_ptr, s_off, tmask, BT: tl.constexpr, HALF: tl.constexpr,
+                 NGH: tl.constexpr, G: tl.constexpr, QMAX: tl.constexpr):
+    """int4 group parameters of one half x [BT, HALF] (groups of G inside it): stores fp16 s and m
+    at s_off [BT, NGH] and returns them broadcast to [BT, HALF] (float32)."""
+    xr = tl.reshape(x, (BT, NGH, G))
+    mx = tl.max(xr, axis=2)
+    mn = tl.min(xr, axis=2)
+    s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
+    s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
+    m = mn.to(tl.float16)
+    tl.store(scales_ptr + s_off, s.to(tl.float16), mask=tmask[:, None])
+    tl.store(zeros_ptr + s_off, m, mask=tmask[:, None])
+    s_b = tl.reshape(tl.broadcast_to(s[:, :, None], (BT, NGH, G)), (BT, HALF))
+    m_b = tl.reshape(tl.broadcast_to(m.to(tl.float32)[:, :, None], (BT, NGH, G)), (BT, HALF))
+    return s_b, m_b
 
 
 @triton.jit
@@ -91,28 +77,36 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
             if CENTER:
                 x_lo = x_lo - tl.load(mean_ptr + h * D + j, mask=j < HALF, other=0.0)[None, :]
                 x_hi = x_hi - tl.load(mean_ptr + h * D + HALF + j, mask=j < HALF, other=0.0)[None, :]
-        s_lo = tl.zeros_like(x_lo)
-        s_hi = tl.zeros_like(x_lo)
-        m_lo = tl.zeros_like(x_lo)
-        m_hi = tl.zeros_like(x_lo)
-        for g in tl.static_range(NG):
-            in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
-            in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G) & (j < HALF))[None, :]
-            mx = tl.maximum(tl.max(tl.where(in_lo, x_lo, -float("inf")), axis=1),
-                            tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
-            mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
-                            tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
-            s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
-            s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
-            m = mn.to(tl.float16)
-            tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
-            tl.store(zeros_ptr + s_row + g, m, mask=tmask)
-            s_lo = tl.where(in_lo, s[:, None], s_lo)
-            s_hi = tl.where(in_hi, s[:, None], s_hi)
-            m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
-            m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
-        s_lo = tl.where(jm, s_lo, 1.0)
-        s_hi = tl.where(jm, s_hi, 1.0)
+        if HALF == HALF_PAD and HALF % G == 0:  # every group inside one half: reduce [BT, HALF/G, G]
+            NGH: tl.constexpr = HALF // G
+            gi = tl.arange(0, NGH)
+            s_lo, m_lo = _int4_groups(x_lo, scales_ptr, zeros_ptr, s_row[:, None] + gi[None, :], tmask,
+                                      BT, HALF, NGH, G, QMAX)
+            s_hi, m_hi = _int4_groups(x_hi, scales_ptr, zeros_ptr, s_row[:, None] + NGH + gi[None, :], tmask,
+                                      BT, HALF, NGH, G, QMAX)
+        else:  # groups straddle the halves (group = head_dim) or padding: one masked pass per group
+            s_lo = tl.zeros_like(x_lo)
+            s_hi = tl.zeros_like(x_lo)
+            m_lo = tl.zeros_like(x_lo)
+            m_hi = tl.zeros_like(x_lo)
+            for g in tl.static_range(NG):
+                in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
+                in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G) & (j < HALF))[None, :]
+                mx = tl.maximum(tl.max(tl.where(in_lo, x_lo, -float("inf")), axis=1),
+                                tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
+                mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
+                                tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
+                s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
+                s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
+                m = mn.to(tl.float16)
+                tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
+                tl.store(zeros_ptr + s_row + g, m, mask=tmask)
+                s_lo = tl.where(in_lo, s[:, None], s_lo)
+                s_hi = tl.where(in_hi, s[:, None], s_hi)
+                m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
+                m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
+            s_lo = tl.where(jm, s_lo, 1.0)
+            s_hi = tl.where(jm, s_hi, 1.0)
         packed = int4_pack(int4_encode(x_lo, m_lo, s_lo), int4_encode(x_hi, m_hi, s_hi))
         tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=jm)
     else:
@@ -220,13 +214,15 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
     slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
     d_pad = triton.next_power_of_2(D)
     half_pad = max(triton.next_power_of_2(D // 2), 1)
-    block_t = max(1, min(16, 2048 // d_pad))
+    # small batches (decode) take small token tiles: the per-thread instruction chain is the latency
+    block_t = max(1, min(16, 2048 // d_pad, triton.next_power_of_2(T)))
     grid = (triton.cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
             kp.block_size, block_t, D, d_pad, half_pad,
             *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:]]
-    return grid, args, {"num_warps": 4}
+    # no mul+add -> fma contraction: the reference rounds every product (e.g. x * NORM, then x - m)
+    return grid, args, {"num_warps": 4, "enable_fp_fusion": False}
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:

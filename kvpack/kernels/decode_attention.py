@@ -33,8 +33,9 @@ from kvpack.attention.kv_cache import LayerKVCache
 from kvpack.kernels.decode_attention_fma import (  # noqa: F401 (re-exported: tests, benchmarks)
     FMA_NUM_WARPS, FMA_TOKENS_PER_THREAD, _fma_decode_kernel, _fma_factors, choose_fma_splits, fma_tile,
 )
+from kvpack.kernels.rotate import rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    VARIANTS, DecodePlan, _rotation, _side_args, choose_num_splits, choose_variant,
+    VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
@@ -323,11 +324,12 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     dev = q.device
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
-    rk, rv = _rotation(kp, dev), _rotation(vp, dev)
-    q_in = q.float() @ rk if rk is not None else q
+    # rotated K: q @ R first; rotated or centered V: out @ R + mean after (`rotate_heads`, one launch each)
+    q_in = rotate_heads(q, torch.float32) if kp.fmt.rotate else q
+    post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
-    out_dtype = torch.float32 if rv is not None else q.dtype
+    out_dtype = torch.float32 if post is not None else q.dtype
     alloc = torch.empty if T == B else torch.zeros
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
 
@@ -386,7 +388,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, triton.next_power_of_2(num_splits)), D, d_pad]
-    return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, rv, kernel, variant)
+    return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant)
 
 
 def decode_paged_attention(
@@ -421,6 +423,6 @@ def decode_paged_attention(
     plan.kernel[plan.grid](*plan.args, **plan.options)
     if plan.merge_grid is not None:
         _merge_kernel[plan.merge_grid](*plan.merge_args)
-    if plan.rv is not None:
-        out = (out @ plan.rv).to(q.dtype)
+    if plan.post is not None:
+        out = rotate_heads(out, q.dtype, *plan.post)
     return out

@@ -15,7 +15,6 @@ from kvpack.config import ConfigError
 
 _SM_COUNT: dict[int, int] = {}
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-_rotations: dict[tuple, torch.Tensor] = {}
 
 
 def _sm_count(device: torch.device) -> int:
@@ -25,15 +24,6 @@ def _sm_count(device: torch.device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
-
-
-def _rotation(pool: CachePool, device: torch.device) -> torch.Tensor | None:
-    if not pool.fmt.rotate:
-        return None
-    key = (pool.fmt.head_dim, str(device))
-    if key not in _rotations:
-        _rotations[key] = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
-    return _rotations[key]
 
 
 def _side_args(pool: CachePool) -> tuple[list, list]:
@@ -93,7 +83,7 @@ class DecodePlan:
     options: dict
     merge_grid: tuple[int, int] | None
     merge_args: list | None
-    out: torch.Tensor  # [T, Hq, D], q's dtype (fp32 when V rotates: rotated back afterwards)
-    rv: torch.Tensor | None
+    out: torch.Tensor  # [T, Hq, D], q's dtype (fp32 when `post`: rotated / mean added afterwards)
+    post: tuple[bool, torch.Tensor | None] | None  # (rotate V back, V mean) for `rotate_heads`, or None
     kernel: object = None  # the @triton.jit decode kernel (`_decode_kernel` or `_fma_decode_kernel`)
     variant: str = "dot"

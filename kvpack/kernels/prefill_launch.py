@@ -18,6 +18,7 @@ import triton.language as tl
 from kvpack.config import KVPackError
 from kvpack.formats import FMT_FLOAT
 from kvpack.kernels.quant import INTERPRET
+from kvpack.kernels.rotate import rotate_heads
 
 if TYPE_CHECKING:
     from kvpack.attention.kv_cache import CachePool, LayerKVCache
@@ -186,16 +187,17 @@ def prefill_paged_attention(
         return out
     dtype = q.dtype
     rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
-    q_in, o, r_out = q, out, None
+    v_mean = layer_cache.v_mean
+    q_in, o, rotate_out = q, out, False
     if not FUSED_ROTATION or D > 128 or D & (D - 1):  # R too big for shared memory (D > 128), or
-        # registers spill with the int4 channel gathers (80, 96): rotate with fp32 torch matmuls
-        # around the kernel. The fused path is off by default: on the H200 it gave wrong int4
-        # outputs (D=64) and an illegal memory access (D=128) that the interpreter does not show.
+        # registers spill with the int4 channel gathers (80, 96): rotate q before the kernel and the
+        # output after it (`rotate_heads`). The fused path is off by default: on the H200 it gave
+        # wrong int4 outputs (D=64) and an illegal memory access (D=128) that the interpreter does not show.
         if rk is not None:
-            q_in = q.float() @ (rk[0].float() * rk[1])
-        if rv is not None:
-            o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        r_out, rk, rv = rv, None, None
+            q_in = rotate_heads(q, torch.float32)
+        rotate_out, rk, rv = rv is not None, None, None
+    if rotate_out or v_mean is not None:  # float32 kernel output, then out = o @ R + V mean
+        o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
 
@@ -229,6 +231,6 @@ def prefill_paged_attention(
         CARRY=carry, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if r_out is not None:
-        out.copy_(o @ (r_out[0].float() * r_out[1]))
+    if o is not out:
+        rotate_heads(o, out.dtype, rotate_out, v_mean, out=out)
     return out

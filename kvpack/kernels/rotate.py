@@ -1,0 +1,104 @@
+"""The Hadamard rotation in Triton: the storage order (`_hadamard`, shared with the cache write) and
+one small kernel that rotates whole head vectors around the attention kernels.
+
+`_hadamard` repeats `kvpack.formats.hadamard_transform` operation by operation (float32 butterflies
+(a, c) -> (a + c, a - c) on channel pairs (i, i + h), h = 1, 2, ..., b/2, then one multiply by the
+rounded 1/sqrt(b)), so a kernel that stores rotated values stores the reference's bits (with
+`enable_fp_fusion=False` at launch, so no multiply is fused into a following add).
+
+`rotate_heads(x, out_dtype, mean=None)` is the query / output side: q @ R before the attention kernel
+(K rotated), out @ R (+ the V mean of centered V, broadcast over each kv head's query heads) after it,
+in one launch each instead of float32 casts, a GEMM and elementwise ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpack.formats import hadamard_block_size, hadamard_norm
+from kvpack.kernels.quant import f32_to_bf16_rne
+
+
+@triton.jit
+def _butterfly(x, BT: tl.constexpr, DP: tl.constexpr, H: tl.constexpr):
+    """One Hadamard stage on x [BT, DP]: channels (i, i + H) of every 2H-chunk -> (a + c, a - c)."""
+    y = tl.permute(tl.reshape(x, (BT, DP // (2 * H), 2, H)), (0, 1, 3, 2))
+    a, c = tl.split(y)
+    y = tl.permute(tl.join(a + c, a - c), (0, 1, 3, 2))
+    return tl.reshape(y, (BT, DP))
+
+
+@triton.jit
+def _hadamard(x, BT: tl.constexpr, DP: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr):
+    """x @ R for x [BT, DP] float32 (padding channels 0): stages H = 1, 2, ..., HB/2, then * NORM."""
+    if HB >= 2:
+        x = _butterfly(x, BT, DP, 1)
+    if HB >= 4:
+        x = _butterfly(x, BT, DP, 2)
+    if HB >= 8:
+        x = _butterfly(x, BT, DP, 4)
+    if HB >= 16:
+        x = _butterfly(x, BT, DP, 8)
+    if HB >= 32:
+        x = _butterfly(x, BT, DP, 16)
+    if HB >= 64:
+        x = _butterfly(x, BT, DP, 32)
+    if HB >= 128:
+        x = _butterfly(x, BT, DP, 64)
+    if HB >= 256:
+        x = _butterfly(x, BT, DP, 128)
+    if HB >= 512:
+        x = _butterfly(x, BT, DP, 256)
+    return x * NORM
+
+
+@triton.jit
+def _rotate_heads_kernel(x_ptr, y_ptr, mean_ptr, n_rows, H, group, sx_t, sx_h, sy_t, sy_h,
+                         D: tl.constexpr, D_PAD: tl.constexpr, ROWS: tl.constexpr, ROTATE: tl.constexpr,
+                         ADD: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # row = token * H + head
+    rm = r < n_rows
+    t = (r // H).to(tl.int64)
+    h = r % H
+    d = tl.arange(0, D_PAD)
+    m = rm[:, None] & (d < D)[None, :]
+    x = tl.load(x_ptr + t[:, None] * sx_t + h[:, None] * sx_h + d[None, :], mask=m, other=0.0).to(tl.float32)
+    if ROTATE:
+        x = _hadamard(x, ROWS, D_PAD, HB, NORM)
+    if ADD:  # mean [H // group, D] float32 of the row's kv head
+        x = x + tl.load(mean_ptr + (h // group)[:, None] * D + d[None, :], mask=m, other=0.0)
+    y_ptrs = y_ptr + t[:, None] * sy_t + h[:, None] * sy_h + d[None, :]
+    if y_ptr.dtype.element_ty == tl.bfloat16:  # round to nearest even on the interpreter too
+        tl.store(y_ptrs, f32_to_bf16_rne(x), mask=m)
+    else:
+        tl.store(y_ptrs, x.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def rotate_heads(x: torch.Tensor, out_dtype: torch.dtype, rotate: bool = True,
+                 mean: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ R (if `rotate`) + mean[h // (H / Hkv)] (if given), as out_dtype.
+
+    x: [T, H, D] any float dtype, last dim contiguous; mean: [Hkv, D] float32 with H % Hkv == 0.
+    Returns `out` (given: [T, H, D] of out_dtype, last dim contiguous) or a new tensor; float32 math,
+    R = `formats.hadamard(D)`."""
+    T, H, D = x.shape
+    y = torch.empty((T, H, D), dtype=out_dtype, device=x.device) if out is None else out
+    assert y.shape == x.shape and y.dtype == out_dtype and y.stride(-1) == 1, (y.shape, y.dtype)
+    if T == 0:
+        return y
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if mean is not None:
+        assert mean.dim() == 2 and mean.shape[1] == D and H % mean.shape[0] == 0, (mean.shape, x.shape)
+        mean = mean.to(device=x.device, dtype=torch.float32).contiguous()
+    d_pad = triton.next_power_of_2(D)
+    rows = max(1, min(16, 2048 // d_pad, triton.next_power_of_2(T * H)))
+    hb = hadamard_block_size(D)
+    group = H // mean.shape[0] if mean is not None else 1
+    _rotate_heads_kernel[(triton.cdiv(T * H, rows),)](
+        x, y, mean if mean is not None else x, T * H, H, group, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+        D=D, D_PAD=d_pad, ROWS=rows, ROTATE=rotate, ADD=mean is not None, HB=hb, NORM=hadamard_norm(hb),
+        num_warps=4, enable_fp_fusion=False)
+    return y
