@@ -114,6 +114,15 @@ def variants():
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
             for fn, args, opts in captured_launches(lambda: prefill_paged_attention(pq, lc, pmeta, 0.1)):
                 out.append((f"prefill/{name}/D{D}", fn, args, opts))
+    # the q / output rotation around the attention kernels (rotated formats, centered V)
+    from kvpack.kernels.rotate import rotate_heads
+
+    for D in (128, 80):
+        x = torch.randn(3, 8, D, dtype=torch.bfloat16)
+        for fn, args, opts in captured_launches(lambda: rotate_heads(x, torch.float32)):
+            out.append((f"rotate/q/D{D}", fn, args, opts))
+        for fn, args, opts in captured_launches(lambda: rotate_heads(x.float(), torch.bfloat16, True, torch.zeros(2, D))):
+            out.append((f"rotate/out+mean/D{D}", fn, args, opts))
     # the fused model ops (RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE), bf16 and fp16
     from kvpack.kernels.fused_ops import fused_add_rms_norm, rms_norm, rotary_embedding, silu_and_mul
 

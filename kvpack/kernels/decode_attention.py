@@ -325,7 +325,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
     # rotated K: q @ R first; rotated or centered V: out @ R + mean after (`rotate_heads`, one launch each)
-    q_in = rotate_heads(q, torch.float32) if kp.fmt.rotate else q
+    q_in = torch.empty(q.shape, dtype=torch.float32, device=dev) if kp.fmt.rotate else q  # filled at launch
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
@@ -420,6 +420,8 @@ def decode_paged_attention(
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
+    if layer_cache.k.fmt.rotate:  # rotated K: the kernel reads q @ R (planned as an empty buffer)
+        rotate_heads(q, torch.float32, out=plan.args[0])
     plan.kernel[plan.grid](*plan.args, **plan.options)
     if plan.merge_grid is not None:
         _merge_kernel[plan.merge_grid](*plan.merge_args)
