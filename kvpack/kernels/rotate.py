@@ -33,24 +33,8 @@ def _butterfly(x, BT: tl.constexpr, DP: tl.constexpr, H: tl.constexpr):
 @triton.jit
 def _hadamard(x, BT: tl.constexpr, DP: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr):
     """x @ R for x [BT, DP] float32 (padding channels 0): stages H = 1, 2, ..., HB/2, then * NORM."""
-    if HB >= 2:
-        x = _butterfly(x, BT, DP, 1)
-    if HB >= 4:
-        x = _butterfly(x, BT, DP, 2)
-    if HB >= 8:
-        x = _butterfly(x, BT, DP, 4)
-    if HB >= 16:
-        x = _butterfly(x, BT, DP, 8)
-    if HB >= 32:
-        x = _butterfly(x, BT, DP, 16)
-    if HB >= 64:
-        x = _butterfly(x, BT, DP, 32)
-    if HB >= 128:
-        x = _butterfly(x, BT, DP, 64)
-    if HB >= 256:
-        x = _butterfly(x, BT, DP, 128)
-    if HB >= 512:
-        x = _butterfly(x, BT, DP, 256)
+    for s in tl.static_range(HB.bit_length() - 1):  # HB a power of two: log2(HB) stages
+        x = _butterfly(x, BT, DP, 1 << s)
     return x * NORM
 
 
