@@ -264,8 +264,8 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
 @triton.jit
 def _prefill_attn_kernel(
     q_ptr, o_ptr, tile_seq_ptr, tile_start_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
-    kc_ptr, ks_ptr, kz_ptr, kss_ptr, vc_ptr, vs_ptr, vz_ptr, vss_ptr, rk_ptr, rv_ptr,
-    sm_scale, rk_c, rv_c,
+    kc_ptr, ks_ptr, kz_ptr, kss_ptr, vc_ptr, vs_ptr, vz_ptr, vss_ptr,
+    sm_scale,
     s_qt, s_qh, s_ot, s_oh, s_bt,
     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst,
     s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
@@ -273,12 +273,10 @@ def _prefill_attn_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr,
-    Q_SHIFT: tl.constexpr, F32: tl.constexpr, ROT_K: tl.constexpr, ROT_V: tl.constexpr,
-    CARRY: tl.constexpr, INTERPRET: tl.constexpr,
+    Q_SHIFT: tl.constexpr, F32: tl.constexpr, CARRY: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
-    # ROT_K / ROT_V: the side is stored as x @ R with R = c * S, S a [D, D] matrix of +-1 and 0
-    # (rk_ptr / rv_ptr, fp16) and c = rk_c / rv_c: q is rotated and the output rotated back here.
+    # Rotated sides: q arrives as q @ R and the output leaves in the rotated basis (the launcher).
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + pid)
@@ -298,14 +296,7 @@ def _prefill_attn_kernel(
     d = tl.arange(0, D_PAD)
     ch, ok = _channel_of(d, HEAD_DIM, D_PAD, K_FMT == K_FMT_INT4)  # q columns follow K's tile
     q_row = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh
-    if ROT_K:  # q @ R, landing in K's column order: exact +-1 products, fp32 sums
-        q = tl.load(q_row + d[None, :], mask=row_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
-        RDT: tl.constexpr = tl.float32 if (INTERPRET or F32) else q.dtype  # interpreter: no bf16 dots
-        r = tl.load(rk_ptr + d[:, None] * HEAD_DIM + ch[None, :],
-                    mask=(d < HEAD_DIM)[:, None] & ok[None, :], other=0.0).to(RDT)
-        q = _dot(q.to(RDT), r, tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32), RDT == tl.float32) * rk_c
-    else:
-        q = tl.load(q_row + ch[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+    q = tl.load(q_row + ch[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
     if Q_SHIFT:  # bf16 q -> fp16 operands: scale by 2^-e (exact) so that |q| stays below 2^15
@@ -362,11 +353,5 @@ def _prefill_attn_kernel(
         inv_l = inv_l * fp8_f16_factor(V_FMT)
     ch, ok = _channel_of(d, HEAD_DIM, D_PAD, V_FMT == K_FMT_INT4)  # acc columns follow V's tile
     o = acc * inv_l[:, None]
-    if ROT_V:  # o @ R back to the natural channel order (o rounded to V's operand dtype first)
-        r = tl.load(rv_ptr + ch[:, None] * HEAD_DIM + d[None, :],
-                    mask=ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0).to(DT_V)
-        o = _dot(o.to(DT_V), r, tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32), F32) * rv_c
-        ch = d
-        ok = d < HEAD_DIM
     o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + ch[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & ok[None, :])

@@ -1,13 +1,12 @@
 """Host side of the prefill/mixed paged-attention kernel (`prefill_attention._prefill_attn_kernel`).
 
 `TileConfig` / `pick_tile_config` (tiling heuristics), `build_tile_map` (program -> sequence map
-built on the device), per-pool launch arguments, the in-kernel rotation matrices and the launcher
+built on the device), per-pool launch arguments and the launcher
 `prefill_paged_attention`. All public names are re-exported by `kvpack.kernels.prefill_attention`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -122,28 +121,6 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
     return ptrs, strides, fmt.kernel_id, mode, gs
 
 
-# In-kernel int4 rotation (D = 64, 128): opt in with KVPACK_PREFILL_FUSED_ROTATION=1 until it passes
-# the gpu-marked tests (see the note at its use).
-FUSED_ROTATION = os.environ.get("KVPACK_PREFILL_FUSED_ROTATION", "0") == "1"
-_rotations: dict[tuple[int, str], tuple[torch.Tensor, float]] = {}
-
-
-def _rotation(pool: CachePool, device: torch.device) -> tuple[torch.Tensor, float] | None:
-    """The format's R as (S, c) with R = c * S: S [D, D] float16 of +-1 and 0 (exact in any
-    operand dtype), c the Hadamard normalization (cached per head dim and device)."""
-    if not pool.fmt.rotate:
-        return None
-    key = (pool.fmt.head_dim, str(device))
-    if key not in _rotations:
-        r = pool.fmt.rotation(device).to(device=device, dtype=torch.float32)
-        c = float(r.abs().max())
-        s = torch.round(r / c)
-        if not torch.allclose(s * c, r, rtol=0, atol=1e-6):
-            raise KVPackError("the KV format's rotation is not a scaled +-1 (Hadamard) matrix")
-        _rotations[key] = (s.to(torch.float16).contiguous(), c)
-    return _rotations[key]
-
-
 def prefill_paged_attention(
     q: torch.Tensor,
     layer_cache: LayerKVCache,
@@ -163,8 +140,8 @@ def prefill_paged_attention(
     scale: softmax scale (usually D ** -0.5).
     out: optional [T, Hq, D] in q's dtype. Rows past query_start_loc[-1] (padding) are unspecified.
     config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
-    Returns out [T, Hq, D] in q's dtype. Rotated formats (int4): the kernel multiplies q by R when
-    K rotates and the output by R when V rotates (see `_rotation`).
+    Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R before the kernel when K rotates,
+    out @ R (+ the V mean of a centered V) after it when V rotates (`rotate_heads`).
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
@@ -186,18 +163,11 @@ def prefill_paged_attention(
     if T == 0 or num_seqs == 0:
         return out
     dtype = q.dtype
-    rk, rv = _rotation(kp, q.device), _rotation(vp, q.device)
     v_mean = layer_cache.v_mean
-    q_in, o, rotate_out = q, out, False
-    if not FUSED_ROTATION or D > 128 or D & (D - 1):  # R too big for shared memory (D > 128), or
-        # registers spill with the int4 channel gathers (80, 96): rotate q before the kernel and the
-        # output after it (`rotate_heads`). The fused path is off by default: on the H200 it gave
-        # wrong int4 outputs (D=64) and an illegal memory access (D=128) that the interpreter does not show.
-        if rk is not None:
-            q_in = rotate_heads(q, torch.float32)
-        rotate_out, rk, rv = rv is not None, None, None
-    if rotate_out or v_mean is not None:  # float32 kernel output, then out = o @ R + V mean
-        o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    rotate_out = vp.fmt.rotate
+    q_in = rotate_heads(q, torch.float32) if kp.fmt.rotate else q
+    # float32 kernel output when something follows it: out = o @ R + V mean, one launch
+    o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rotate_out or v_mean is not None else out
     if q_in.stride(-1) != 1:
         q_in = q_in.contiguous()
 
@@ -218,17 +188,15 @@ def prefill_paged_attention(
     from kvpack.kernels.prefill_attention import _prefill_attn_kernel  # lazy: that module re-exports this one
     _prefill_attn_kernel[grid](
         q_in, o, tile_seq, tile_start, metadata.query_start_loc, metadata.seq_lens, bt,
-        *k_ptrs, *v_ptrs, rk[0] if rk else q, rv[0] if rv else q,
-        float(scale), rk[1] if rk else 1.0, rv[1] if rv else 1.0,
+        *k_ptrs, *v_ptrs, float(scale),
         q_in.stride(0), q_in.stride(1), o.stride(0), o.stride(1), bt.stride(0),
         *k_strides, *v_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
         HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
-        Q_SHIFT=dt_k == torch.float16 and (q_in.dtype != torch.float16 or rk is not None),
-        F32=dtype == torch.float32, ROT_K=rk is not None, ROT_V=rv is not None,
-        CARRY=carry, INTERPRET=INTERPRET,
+        Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
+        F32=dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if o is not out:
