@@ -200,6 +200,13 @@ TUNE_CONFIGS = [
     ("dot-bn64-w4-s3", "dot", {"block_n": 64, "num_warps": 4, "num_stages": 3}),
     ("dot-bn128-w4-s1", "dot", {"block_n": 128, "num_warps": 4, "num_stages": 1}),  # no smem pipelining
     ("dot-bn512-w8", "dot", {"block_n": 512, "num_warps": 8}),
+    # session-3 diagnosis: the per-tile cost is fixed work (cross-warp softmax reductions, barriers,
+    # P re-layout), not bytes. One or two warps per CTA need no cross-warp reduction; small tiles keep
+    # registers low enough for ~10 CTAs per SM (AOT, sm_90: bn32-w1 189 registers, 20.5 KB shared;
+    # bn64-w2 195 registers, 38.9 KB). Not yet measured: run with --tune-splits 1,2,4.
+    ("dot-bn32-w1", "dot", {"block_n": 32, "num_warps": 1}),
+    ("dot-bn64-w2", "dot", {"block_n": 64, "num_warps": 2}),
+    ("dot-bn32-w2", "dot", {"block_n": 32, "num_warps": 2}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
