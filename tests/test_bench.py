@@ -131,6 +131,27 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
     assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0 and payload["complete"] is True
 
 
+def test_throughput_repeats(tmp_path, capsys):
+    """--repeats 3: three runs on different prompts (seed, seed+1, seed+2); the row is the median run
+    by output tok/s and carries every run's rate and the spread."""
+    path = tmp_path / "tp.json"
+    argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+            "--num-prompts", "3", "--input-len", "8:12", "--output-len", "3", "--num-blocks", "32",
+            "--kv-cache-dtype", "int8", "--repeats", "3", "--seed", "5", "--output-json", str(path)]
+    rc, out, _ = _run(capsys, argv)
+    assert rc == 0 and "spread" in out
+    payload = json.loads(path.read_text())
+    r = payload["results"][0]
+    runs = r["runs_output_tok_s"]
+    assert len(runs) == 3 and r["output_tok_s"] == sorted(runs)[1] and len(r["runs_decode_tok_s"]) == 3
+    assert r["output_tok_s_spread"] == pytest.approx((max(runs) - min(runs)) / sorted(runs)[1])
+    median_seed = 5 + runs.index(sorted(runs)[1])
+    n_in = sum(len(i) for i, _ in random_prompts(3, LenRange(8, 12), LenRange(3, 3), 512, seed=median_seed))
+    assert r["input_tokens"] == n_in and r["all_blocks_free"] is True and payload["config"]["repeats"] == 3
+    rc, _, err = _run(capsys, argv[:-2] + ["--repeats", "0"])
+    assert rc == 2 and "--repeats" in err
+
+
 def test_throughput_keeps_finished_formats_when_cut(tmp_path, capsys, monkeypatch):
     """A run cut after its first format (a time cap, a crash) leaves that format's row on disk."""
     import kvpack.tools.bench_throughput as bt

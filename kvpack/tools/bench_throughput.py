@@ -6,7 +6,9 @@ lines of `--dataset`), the same weights and the same KV budget. Reported per for
 output tokens/s, total tokens/s, TTFT and TPOT means (TTFT counts the queueing from t0), preemptions,
 peak KV usage, a check that every block is free at the end, and the decode-phase rate (tokens of
 pure-decode steps / their time), which shows the concurrency a format buys without the prefill time
-that output tok/s also counts.
+that output tok/s also counts. `--repeats N` times N runs per format on fresh prompts (seeds
+seed, seed+1, ...): the row is the median run by output tok/s, with every run's output and decode
+tok/s and their spread ((max - min) / median) beside it, so a ratio can be read against the noise.
 
     kvpack bench throughput --model llama-3.1-8b --num-prompts 256 --input-len 2048:8192 \
         --output-len 256:512 --kv-cache-memory 16GiB --kv-cache-dtype bfloat16,int8,int4
@@ -45,15 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="generated tokens per request (EOS ignored): N or LO:HI (default 128)")
     p.add_argument("--dataset", default=None, help="text file, one prompt per line (instead of random ids)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed runs per format, each on new prompts (seed + run); the table shows the "
+                        "median run and the spread of output tok/s (default 1)")
     p.add_argument("--warmup-requests", type=int, default=2,
                    help="short requests run before timing, per format (default 2)")
 
 
-def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any) -> list[tuple[list[int], int]]:
+def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any,
+                  seed: int | None = None) -> list[tuple[list[int], int]]:
+    seed = args.seed if seed is None else seed
     if args.dataset:
         return text_prompts(args.dataset, tokenizer, args.num_prompts, args.output_len,
-                            args.max_model_len and args.max_model_len - args.output_len.hi, args.seed)
-    return random_prompts(args.num_prompts, args.input_len, args.output_len, model_config.vocab_size, args.seed)
+                            args.max_model_len and args.max_model_len - args.output_len.hi, seed)
+    return random_prompts(args.num_prompts, args.input_len, args.output_len, model_config.vocab_size, seed)
 
 
 def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature: float = 0.0,
@@ -120,7 +127,6 @@ def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None)
     engine = build_engine(args, item, max_model_len=max_model_len)
     try:
         info = engine.kv_cache_info()
-        workload = make_workload(args, engine.model_config, engine.tokenizer)
         if args.warmup_requests > 0:
             lo, out = min(16, args.input_len.lo), min(4, args.output_len.lo)
             warm = random_prompts(args.warmup_requests, LenRange(lo, max(lo, min(512, args.input_len.hi))),
@@ -130,7 +136,18 @@ def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None)
                "kv_bytes_per_token": info["bytes_per_token"], "kv_cache_gib": info["gib"],
                "num_blocks": info["num_blocks"], "max_model_len": info["max_model_len"],
                "max_concurrency": info["max_concurrency"]}
-        row.update(run_requests(engine, workload, args.temperature))
+        runs = []
+        for r in range(args.repeats):  # new prompts each time: no prefix-cache hits between runs
+            workload = make_workload(args, engine.model_config, engine.tokenizer, args.seed + r)
+            runs.append(run_requests(engine, workload, args.temperature, prefix=f"run{r}"))
+        ordered = sorted(runs, key=lambda x: x["output_tok_s"])
+        row.update(ordered[(len(runs) - 1) // 2])  # the median run (the lower one of an even count)
+        row["all_blocks_free"] = all(x["all_blocks_free"] for x in runs)
+        if len(runs) > 1:
+            out = [x["output_tok_s"] for x in runs]
+            row["runs_output_tok_s"] = out
+            row["runs_decode_tok_s"] = [x["decode_tok_s"] for x in runs]
+            row["output_tok_s_spread"] = (max(out) - min(out)) / row["output_tok_s"]
         return row
     finally:
         release(engine)
@@ -140,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     formats = parse_format_list(args.kv_cache_dtype)
     if args.num_prompts < 1:
         raise KVPackError("--num-prompts must be >= 1")
+    if args.repeats < 1:
+        raise KVPackError("--repeats must be >= 1")
     max_model_len = args.max_model_len
     if max_model_len is None and not args.dataset:
         max_model_len = args.input_len.hi + args.output_len.hi
@@ -155,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                            "kv_cache_memory": args.kv_cache_memory, "num_blocks": args.num_blocks,
                            "gpu_memory_utilization": args.gpu_memory_utilization,
                            "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
-                           "enforce_eager": args.enforce_eager, "dtype": args.dtype},
+                           "enforce_eager": args.enforce_eager, "dtype": args.dtype, "repeats": args.repeats},
                 "results": rows}
 
     rows = []
@@ -169,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     final = payload(rows, complete=True)
     print(f"\nthroughput: {args.model}, {args.num_prompts} requests, input {args.input_len}, "
           f"output {args.output_len}")
-    print(format_table(rows, COLUMNS))
+    spread = [("output_tok_s_spread", "spread", ".1%")] if args.repeats > 1 else []
+    print(format_table(rows, COLUMNS[:4] + spread + COLUMNS[4:]))
     write_json(args.output_json, final)
     bad = [r["kv_cache_dtype"] for r in rows if not r["all_blocks_free"]]
     if bad:
