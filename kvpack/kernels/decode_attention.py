@@ -5,7 +5,9 @@ Hq / Hkv query heads that share it (q tile [GROUP_PAD >= 16, D] for tl.dot) and 
 registers without conversion instructions (`quant.int8_to_f16` etc.: byte permutes into fp16 bit
 patterns): per-token K scales multiply the scores, per-token V scales multiply the probabilities
 (normalised by the tile's largest scale), int4 tiles become code * s + m in fp16.
-With several splits, a second kernel merges the partial (max, sum, acc) triples.
+With several splits, a second kernel merges the partial (max, sum, acc) triples. Rotated formats
+and a centered V: `kernels.rotate.rotate_heads` forms q @ R before the kernel and out @ R + V mean
+after it (one launch each).
 
 Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=dot|fma|dott, else
 "dot"): "dot" (`_decode_kernel`, tensor cores, described here), "dott" (the same kernel with the
@@ -23,7 +25,6 @@ are float32.
 """
 
 from __future__ import annotations
-
 
 import torch
 import triton
