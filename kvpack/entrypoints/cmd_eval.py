@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
+from kvpack.config import add_int4_group_size_arg
 from kvpack.entrypoints.common import add_model_args, load_for_tool
-from kvpack.formats import INT4_GROUP_SIZES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -32,8 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--no-kv-rotation", action="store_true", help="no Hadamard rotation for int4 and fp8")
     p.add_argument("--no-kv-centering", action="store_true",
                    help="no per-channel K (fp8: and V) mean subtraction (means: --kv-scales, else the probe text)")
-    p.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES,
-                   help="int4 channels per scale/zero group (default 32)")
+    add_int4_group_size_arg(p)
     p.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
     return p
 

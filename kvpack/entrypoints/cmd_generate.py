@@ -11,8 +11,7 @@ import argparse
 import sys
 import time
 
-from kvpack.config import CACHE_DTYPE_HELP, KVPackError
-from kvpack.formats import INT4_GROUP_SIZES
+from kvpack.config import CACHE_DTYPE_HELP, KVPackError, add_int4_group_size_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,9 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "int8 / fp8 instead of per-token scales")
     c.add_argument("--no-kv-rotation", dest="kv_rotation", action="store_false",
                    help="int4 / fp8: store K/V without the Hadamard rotation")
-    c.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES,
-                   help="channels per int4 scale/zero-point group: 32 (default), 64, or 128 (one group per head at "
-                        "head_dim 128: ~3.76x bf16 capacity instead of 3.2x, less accurate)")
+    add_int4_group_size_arg(c)
     c.add_argument("--no-kv-centering", dest="kv_centering", action="store_false",
                    help="store quantized K (and fp8 V) without subtracting their per-channel means "
                         "(from --kv-scales, else from a probe text run at start)")

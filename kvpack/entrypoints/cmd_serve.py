@@ -7,8 +7,7 @@ import logging
 import os
 import signal
 
-from kvpack.config import CACHE_DTYPE_HELP
-from kvpack.formats import INT4_GROUP_SIZES
+from kvpack.config import CACHE_DTYPE_HELP, add_int4_group_size_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,9 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="scales file from `kvpack calibrate`: static scales for int8 / fp8")
     p.add_argument("--no-kv-rotation", dest="kv_rotation", action="store_false",
                    help="int4 / fp8: store K/V without the Hadamard rotation")
-    p.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES,
-                   help="channels per int4 scale/zero-point group: 32 (default), 64, or 128 (one group per head at "
-                        "head_dim 128: ~3.76x bf16 capacity instead of 3.2x, less accurate)")
+    add_int4_group_size_arg(p)
     p.add_argument("--no-kv-centering", dest="kv_centering", action="store_false",
                    help="no per-channel K (fp8: and V) mean subtraction")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output, tokens")

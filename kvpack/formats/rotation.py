@@ -52,6 +52,7 @@ def hadamard(head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return _hadamard(head_dim, str(dev))
 
 
+@functools.lru_cache(maxsize=None)  # called per layer by the cache write and the rotation launches
 def hadamard_norm(block: int) -> float:
     """1/sqrt(block) rounded to float32 (the constant both the reference and the kernels multiply by)."""
     return float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))

@@ -14,8 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from kvpack.config import CacheConfig
-from kvpack.formats import INT4_GROUP_SIZES
+from kvpack.config import CacheConfig, add_int4_group_size_arg
 from kvpack.engine.memory_planner import GiB, parse_bytes, plan_for_budget
 from kvpack.tools.bench_common import (
     BASELINE, DEFAULT_BENCH_MODEL, format_table, model_config_only, parse_format_list,
@@ -37,9 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=tuple(_DTYPES),
                    help="activation dtype that `auto` resolves to (default bfloat16)")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES,
-                   help="channels per int4 scale/zero-point group: 32 (default), 64, or 128 (one group per head at "
-                        "head_dim 128: ~3.76x bf16 capacity instead of 3.2x, less accurate)")
+    add_int4_group_size_arg(p)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="request length for the concurrency column (default: the model's maximum)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",

@@ -17,8 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from kvpack.config import ConfigError, KVPackError, ModelConfig
-from kvpack.formats import INT4_GROUP_SIZES
+from kvpack.config import ConfigError, KVPackError, ModelConfig, add_int4_group_size_arg
 from kvpack.engine.memory_planner import parse_bytes
 
 DEFAULT_BENCH_MODEL = "dummy:llama-3.1-8b"
@@ -37,9 +36,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
                    help="comma list of KV formats to compare in one run; FORMAT or KFORMAT/VFORMAT "
                         f"(default {default_formats})")
     p.add_argument("--kv-scales", default=None, help="scales file for static int8/fp8 scales")
-    p.add_argument("--int4-group-size", type=int, default=32, choices=INT4_GROUP_SIZES,
-                   help="channels per int4 scale/zero-point group: 32 (default), 64, or 128 (one group per head at "
-                        "head_dim 128: ~3.76x bf16 capacity instead of 3.2x, less accurate)")
+    add_int4_group_size_arg(p)
     p.add_argument("--no-kv-rotation", action="store_true", help="int4 / fp8 without the Hadamard rotation")
     p.add_argument("--no-kv-centering", action="store_true",
                    help="no per-channel K (fp8: and V) mean subtraction (needs a tokenizer or --kv-scales means)")
