@@ -207,6 +207,13 @@ TUNE_CONFIGS = [
     ("dot-bn32-w1", "dot", {"block_n": 32, "num_warps": 1}),
     ("dot-bn64-w2", "dot", {"block_n": 64, "num_warps": 2}),
     ("dot-bn32-w2", "dot", {"block_n": 32, "num_warps": 2}),
+    # session 4: dot-bn32-w1 won every shape and format (0.86-0.97x bf16 against 1.05-1.24x), best with
+    # the most splits tried (~8 one-warp programs per SM); its neighbours:
+    ("dot-bn16-w1", "dot", {"block_n": 16, "num_warps": 1}),
+    ("dot-bn64-w1", "dot", {"block_n": 64, "num_warps": 1}),
+    ("dot-bn32-w1-s3", "dot", {"block_n": 32, "num_warps": 1, "num_stages": 3}),
+    ("dot-bn32-w1-s1", "dot", {"block_n": 32, "num_warps": 1, "num_stages": 1}),
+    ("dott-bn32-w1", "dott", {"block_n": 32, "num_warps": 1}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
@@ -234,7 +241,8 @@ def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -
         kw["block_n"] = cfg["A"] * rows
         base = choose_fma_splits(shape.batch, shape.hkv, shape.context, kw["block_n"], dev)
     else:
-        base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", 128), dev)
+        base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", 128), dev,
+                                 kw.get("num_warps", 4))
     return kw, base
 
 

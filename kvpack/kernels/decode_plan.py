@@ -43,15 +43,17 @@ def _side_args(pool: CachePool) -> tuple[list, list]:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                      device: torch.device) -> int:
-    """Splits per sequence when num_seqs * Hkv programs do not fill the GPU: at least ~2 programs
-    per SM and at most ~1024 tokens per split (H200 tuning), each split keeping >= 4 tiles."""
+                      device: torch.device, num_warps: int = 4) -> int:
+    """Splits per sequence when num_seqs * Hkv programs do not fill the GPU: at least
+    8 / num_warps programs per SM (4 warps: 2; 1 warp: 8) and at most ~1024 tokens per split
+    (H200 tuning), each split keeping >= 4 tiles."""
     work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
     sms = _sm_count(device)
-    if work >= sms:
+    per_sm = max(2, 8 // max(1, num_warps))
+    if work >= per_sm * sms:
         return 1
     max_splits = max(1, triton.cdiv(max_seq_len, 4 * block_n))
-    want = max(triton.cdiv(2 * sms, work), triton.cdiv(max_seq_len, 1024))
+    want = max(triton.cdiv(per_sm * sms, work), triton.cdiv(max_seq_len, 1024))
     return max(1, min(max_splits, want, 128))
 
 

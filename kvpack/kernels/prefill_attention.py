@@ -27,11 +27,9 @@ int4 tiles are a [BLOCK_N, D/2] byte tile decoded into its low and high nibbles 
 columns [0, D_PAD/2) and [D_PAD/2, D_PAD); for head dims that are not powers of two, q is loaded
 and the output stored through the same column -> channel map (`_channel_of`).
 
-Rotation (int4) happens in the kernel: one extra MMA per program before the loop (q @ R when K
-rotates) and one after it (output @ R when V rotates), with R = c * S, S of +-1 and 0 (exact in
-fp16/bf16) and c folded in fp32; no fp32 copies of q or of the output in HBM. Head dims above
-128 (R would need 128 KB of shared memory) and those that are not powers of two (registers
-spill on sm_90) rotate with fp32 torch matmuls around the kernel.
+Rotated formats (int4) and a centered V: the kernel reads q @ R and leaves its output in the
+rotated basis; the launcher forms q @ R before it and out @ R + V mean after it with
+`kernels.rotate.rotate_heads` (one launch each, float32).
 
 The host side (`TileConfig`, `pick_tile_config`, `build_tile_map` and the launcher
 `prefill_paged_attention`) lives in `prefill_launch` and is re-exported from here.
