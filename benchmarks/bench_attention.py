@@ -49,7 +49,8 @@ class Shape:
 
 SHAPES = [Shape("llama8b-1x32768", 1, 32768), Shape("llama8b-8x8192", 8, 8192),
           Shape("llama8b-32x4096", 32, 4096), Shape("llama8b-64x2048", 64, 2048),
-          Shape("llama8b-128x1024", 128, 1024), Shape("smollm2-32x4096", 32, 4096, 9, 3, 64)]
+          Shape("llama8b-128x1024", 128, 1024), Shape("smollm2-32x4096", 32, 4096, 9, 3, 64),
+          Shape("llama8b-256x256", 256, 256)]  # the short workload's decode (256 requests, 128 + 128 tokens)
 QUICK_SHAPES = ["llama8b-1x32768", "llama8b-32x4096", "smollm2-32x4096"]
 FORMATS = ["bf16", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e5m2"]
 # vLLM's Triton paged-attention kernel on the same shapes (from the issue), microseconds.
@@ -214,6 +215,8 @@ TUNE_CONFIGS = [
     ("dot-bn32-w1-s3", "dot", {"block_n": 32, "num_warps": 1, "num_stages": 3}),
     ("dot-bn32-w1-s1", "dot", {"block_n": 32, "num_warps": 1, "num_stages": 1}),
     ("dott-bn32-w1", "dott", {"block_n": 32, "num_warps": 1}),
+    ("dot-bn64-w1-s1", "dot", {"block_n": 64, "num_warps": 1, "num_stages": 1}),
+    ("dot-bn16-w1-s1", "dot", {"block_n": 16, "num_warps": 1, "num_stages": 1}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
@@ -242,7 +245,7 @@ def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -
         base = choose_fma_splits(shape.batch, shape.hkv, shape.context, kw["block_n"], dev)
     else:
         base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", 128), dev,
-                                 kw.get("num_warps", 4))
+                                 kw.get("num_warps", 4), shape.head_dim)
     return kw, base
 
 
@@ -455,7 +458,7 @@ def main(argv=None) -> int:
         unknown = set(configs or ()) - {c[0] for c in TUNE_CONFIGS}
         if unknown:
             ap.error(f"--tune-configs: unknown {', '.join(sorted(unknown))}")
-        rows = tune(shapes, [f for f in tformats if f != "bf16"], device, args.rep_ms or 30, gen,
+        rows = tune(shapes, tformats, device, args.rep_ms or 30, gen,
                     args.budget_s, path, configs, [float(m) for m in args.tune_splits.split(",")])
         summary = tune_summary(rows)
         with open(path, "w") as f:

@@ -351,7 +351,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         num_warps = num_warps or 4
         num_stages = num_stages or 2
         if num_splits is None:
-            num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
+            num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
     max_len = max(metadata.max_seq_len, 1)
     tokens_per_split = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
     num_splits = max(1, triton.cdiv(max_len, tokens_per_split))
