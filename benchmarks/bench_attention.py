@@ -217,6 +217,11 @@ TUNE_CONFIGS = [
     ("dott-bn32-w1", "dott", {"block_n": 32, "num_warps": 1}),
     ("dot-bn64-w1-s1", "dot", {"block_n": 64, "num_warps": 1, "num_stages": 1}),
     ("dot-bn16-w1-s1", "dot", {"block_n": 16, "num_warps": 1, "num_stages": 1}),
+    # then dot-bn64-w1-s1 won every quantized case (0.60-0.90x bf16); its neighbours:
+    ("dot-bn128-w1-s1", "dot", {"block_n": 128, "num_warps": 1, "num_stages": 1}),
+    ("dot-bn64-w2-s1", "dot", {"block_n": 64, "num_warps": 2, "num_stages": 1}),
+    ("dot-bn128-w2-s1", "dot", {"block_n": 128, "num_warps": 2, "num_stages": 1}),
+    ("dot-bn64-w1-s1-nocvt", "dot", {"block_n": 64, "num_warps": 1, "num_stages": 1, "fast_cvt": False}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
