@@ -310,6 +310,21 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
 
 
 # ---- launch plan and launcher ----------------------------------------------------------------
+def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) of the "dot" variant, measured on an H200
+    (benchmarks/bench_attention.py --tune; results/attention_tune_s4). Head dims up to 128 run one
+    warp per program: its softmax row reductions stay inside the warp, where four warps paid
+    shared-memory round trips and barriers on every tile; quantized sides take 64-token tiles
+    without shared-memory pipelining (codes load straight into registers; 0.60-0.90x the time of
+    the four-warp configuration), 16-bit sides 32-token tiles with two stages (0.95-0.98x).
+    Head dim 256 and float32 caches (register-heavy tiles) keep four warps and 64-token tiles."""
+    if head_dim > 128 or torch.float32 in (kp.codes.dtype, vp.codes.dtype):
+        return 64 if head_dim > 128 else 128, 4, 2
+    if "float" == kp.fmt.kind == vp.fmt.kind:
+        return 32, 1, 2
+    return (32 if head_dim <= 64 else 64), 1, 1
+
+
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
@@ -344,12 +359,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         if num_splits is None:
             num_splits = choose_fma_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
     else:
-        int4 = "int4" in (kp.fmt.kind, vp.fmt.kind)
-        if block_n is None:  # measured on an H200 (benchmarks/bench_attention.py --tune)
-            block_n = (256 if int4 else 128) if D <= 128 else 64
-        block_n = max(block_n, block_size)
-        num_warps = num_warps or 4
-        num_stages = num_stages or 2
+        bn, warps, stages = default_tile(kp, vp, D)
+        block_n = max(block_n or bn, block_size)
+        num_warps = num_warps or warps
+        num_stages = num_stages or stages
         if num_splits is None:
             num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
     max_len = max(metadata.max_seq_len, 1)
