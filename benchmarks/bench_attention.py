@@ -344,7 +344,7 @@ def environment(argv) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # KVPACK_COMMIT=... first: a copied tree (the GPU box) may carry a stale .git
     commit = os.environ.get("KVPACK_COMMIT") or sh(["git", "-C", root, "rev-parse", "HEAD"])
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+    if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
         commit = "unknown"
     props = torch.cuda.get_device_properties(0)
     return {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
