@@ -95,6 +95,38 @@ def test_dott_gpu(name, D):
           rtol=1e-2 if bf16 else RTOL, num_splits=3)
 
 
+@pytest.mark.parametrize("name", ["int8", "int4", "float16"])
+def test_decode_int64_indexing_matches(name, monkeypatch):
+    """Pools whose element offsets can pass 2**31 index in int64 (`_needs_idx64`); small pools in
+    int32. Forcing the int64 path on a small pool gives the same output bit for bit, and it checks
+    against the reference like the int32 path."""
+    import kvpack.kernels.decode_attention as da
+
+    q, lc, meta = build_case(name, name, [37, 1, 70], 4, 2, 64, 16)
+    scale = 64 ** -0.5
+    assert not da._needs_idx64(lc.k, lc.v)
+    out32 = da.decode_paged_attention(q, lc, meta, scale, num_splits=2)
+    monkeypatch.setattr(da, "_needs_idx64", lambda *pools: True)
+    out64 = da.decode_paged_attention(q, lc, meta, scale, num_splits=2)
+    assert torch.equal(out32, out64)
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    assert ((out64.float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
+
+
+def test_needs_idx64_reads_strides():
+    """int64 indexing when any element offset of a pool tensor (strided views too) reaches 2**31."""
+    from types import SimpleNamespace
+
+    from kvpack.kernels.decode_attention import _needs_idx64
+
+    base = torch.empty(2**31 + 16, dtype=torch.uint8, device="meta")
+    pool = lambda codes, scales=None: SimpleNamespace(codes=codes, scales=scales, zeros=None)  # noqa: E731
+    assert not _needs_idx64(pool(base[:4096]))
+    assert not _needs_idx64(pool(base.as_strided((2, 8), (2**30, 1))))  # last offset 2**30 + 7
+    assert _needs_idx64(pool(base.as_strided((3, 8), (2**30, 1))))  # a view reaching past 2**31
+    assert _needs_idx64(pool(base[:4096], base[: 2**31 + 1]))  # the scales decide too
+
+
 @pytest.mark.parametrize("name", ["int8", "int4", "fp8_e4m3-static", "float16"])
 def test_decode_split_k(name):
     check(name, name, [150, 17, 3], num_splits=3)

@@ -126,15 +126,18 @@ def _attend_tile(
     BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
-    FAST: tl.constexpr, SWAP: tl.constexpr,
+    FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr,
 ):
     """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
     SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
     q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back."""
     offs = n0 + tl.arange(0, BLOCK_N)
     nmask = offs < end
-    blk = tl.load(bt_row + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-    off = offs % BLOCK_SIZE
+    # offs >= 0: unsigned division and a mask (a signed // and % cost sign fix-ups per token)
+    blk = tl.load(bt_row + (offs.to(tl.uint32) // BLOCK_SIZE).to(tl.int32), mask=nmask, other=0)
+    if IDX64:
+        blk = blk.to(tl.int64)
+    off = offs & (BLOCK_SIZE - 1)
     # ---- scores [GROUP_PAD, BLOCK_N] ----
     kc_row = blk * k_cs0 + h * k_cs1 + off * k_cs2
     ks_row = blk * k_ss0 + h * k_ss1 + off * k_ss2
@@ -197,7 +200,7 @@ def _decode_kernel(
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
-    SWAP: tl.constexpr = False,
+    SWAP: tl.constexpr = False, IDX64: tl.constexpr = True,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -247,7 +250,8 @@ def _decode_kernel(
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP)
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP,
+                IDX64)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
@@ -256,7 +260,8 @@ def _decode_kernel(
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP)
+                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP,
+                IDX64)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
@@ -310,6 +315,15 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
 
 
 # ---- launch plan and launcher ----------------------------------------------------------------
+def _needs_idx64(*pools) -> bool:
+    """Whether an element offset into a pool tensor (from its strides: views included) can reach
+    2**31; then the kernel indexes in int64, else in int32 (fewer instructions per token)."""
+    def max_offset(t):
+        return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+
+    return any(t is not None and max_offset(t) >= 2**31 - 1 for p in pools for t in (p.codes, p.scales, p.zeros))
+
+
 def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) of the "dot" variant, measured on an H200
     (benchmarks/bench_attention.py --tune; results/attention_tune_s4). Head dims up to 128 run one
@@ -332,13 +346,14 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
-                maxnreg: int | None = None) -> DecodePlan:
+                maxnreg: int | None = None, index64: bool | None = None) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
     Hkv, block_size = kp.num_kv_heads, kp.block_size
     assert Hq % Hkv == 0 and kp.fmt.head_dim == D and vp.fmt.head_dim == D, (q.shape, kp.fmt, vp.fmt)
     assert vp.block_size == block_size and vp.num_kv_heads == Hkv
+    assert block_size & (block_size - 1) == 0, f"block size {block_size} is not a power of two"
     B = metadata.num_seqs
     group = Hq // Hkv
     dev = q.device
@@ -400,7 +415,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         half_pad = triton.next_power_of_2(max(D // 2, 1))
         group_pad = max(16, triton.next_power_of_2(group))
         args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
-                 *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott"]
+                 *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott",
+                 _needs_idx64(kp, vp) if index64 is None else index64]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
@@ -421,6 +437,7 @@ def decode_paged_attention(
     fast_cvt: bool = True,
     variant: str | None = None,
     maxnreg: int | None = None,
+    index64: bool | None = None,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -431,10 +448,12 @@ def decode_paged_attention(
     heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
     instead of the PTX byte permutes (for measuring). variant: "dot" | "fma" (see `choose_variant`;
     default: KVPACK_DECODE_VARIANT, else "dot"); for "fma", block_n is rounded down to a multiple
-    of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning).
+    of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning). index64:
+    force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
+    whose offsets can reach 2**31, `_needs_idx64`).
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant, maxnreg)
+                       variant, maxnreg, index64)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
