@@ -126,13 +126,16 @@ def _attend_tile(
     BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
-    FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr,
+    FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
 ):
     """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
     SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
     q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back."""
     offs = n0 + tl.arange(0, BLOCK_N)
-    nmask = offs < end
+    if MASKED:  # the split's last, partial tile
+        nmask = offs < end
+    else:  # a whole tile: no token masks on the loads and scores
+        nmask = tl.full([BLOCK_N], 1, tl.int1)
     # offs >= 0: unsigned division and a mask (a signed // and % cost sign fix-ups per token)
     blk = tl.load(bt_row + (offs.to(tl.uint32) // BLOCK_SIZE).to(tl.int32), mask=nmask, other=0)
     if IDX64:
@@ -242,26 +245,30 @@ def _decode_kernel(
         acc_b = acc_a
 
     bt_row = bt_ptr + b.to(tl.int64) * s_bt
-    if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
-        n0 = start
-        while n0 < end:
-            m_i, l_i, acc_a, acc_b = _attend_tile(
-                n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
-                kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP,
-                IDX64)
-            n0 += BLOCK_N
-    else:
-        for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc_a, acc_b = _attend_tile(
-                n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
-                kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST, SWAP,
-                IDX64)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    for phase in tl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
+        lo = start + (full_end - start) * phase
+        hi = full_end + (end - full_end) * phase
+        if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
+            n0 = lo
+            while n0 < hi:
+                m_i, l_i, acc_a, acc_b = _attend_tile(
+                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+                    kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                    D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
+                    K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
+                    SWAP, IDX64, phase == 1)
+                n0 += BLOCK_N
+        else:
+            for n0 in range(lo, hi, BLOCK_N):
+                m_i, l_i, acc_a, acc_b = _attend_tile(
+                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+                    kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                    D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
+                    K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
+                    SWAP, IDX64, phase == 1)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
