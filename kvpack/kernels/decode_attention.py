@@ -157,10 +157,13 @@ def _attend_tile(
             s = tl.trans(_dot(k, q_a, K_DT))
         else:
             s = _dot(q_a, tl.trans(k), K_DT)
-        if K_FMT != K_FMT_FLOAT:
-            if not K_STATIC:
-                s = s * tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    s = tl.where(nmask[None, :], s * qk_scale, -float("inf"))
+    if K_FMT != K_FMT_FLOAT and K_FMT != K_FMT_INT4 and not K_STATIC:
+        # per-token K scales times the softmax scale: one multiply per score
+        s = s * (tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32) * qk_scale)[None, :]
+    else:
+        s = s * qk_scale
+    if MASKED:
+        s = tl.where(nmask[None, :], s, -float("inf"))
     # ---- online softmax (base 2) ----
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
