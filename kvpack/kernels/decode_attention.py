@@ -187,7 +187,7 @@ def _attend_tile(
             vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
             vmax = tl.max(vs, axis=0)
             vmax = tl.where(vmax > 0, vmax, 1.0)
-            pv = _dot((p * (vs / vmax)[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
+            pv = _dot((p * (vs * (1.0 / vmax))[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
         else:
             pv = _dot(p.to(V_DT), v, V_DT)
         acc_a = acc_a * alpha[:, None] + pv
