@@ -227,6 +227,9 @@ TUNE_CONFIGS = [
     # 2145 -> 1759, fp8_e4m3 2597 -> 1964, bf16 2x898 -> 2x410); int64 offsets for comparison
     # (`dot` is the default configuration, whatever it is):
     ("dot-idx64", "dot", {"index64": True}),
+    # and the LAZY experiment (references moved on large jumps only, P @ V accumulated in the MMA;
+    # SASS: int8 1524 -> 1483 static instructions per tile, the rescale path included, taken rarely):
+    ("dot-lazy", "dot", {"lazy": True}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),

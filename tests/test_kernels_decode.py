@@ -113,6 +113,42 @@ def test_decode_int64_indexing_matches(name, monkeypatch):
     assert ((out64.float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
 
 
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int4", "int4"), ("fp8_e4m3", "fp8_e4m3"),
+                                            ("float16", "float16"), ("int8", "int8-static")])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_lazy_rescale(k_name, v_name, splits):
+    """The LAZY experiment (references moved only on large jumps, P @ V accumulated by the MMA):
+    the reference's tolerance, with later tokens whose scores jump by ~2**8 and whose V grows
+    1000-fold, so that both references move mid-sequence (sequence 2: V alone)."""
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    seq_lens, Hq, Hkv, D, bs = [300, 1, 129], 4, 2, 64, 16
+    gen = torch.Generator().manual_seed(3)
+    blocks = [(n + bs - 1) // bs for n in seq_lens]
+    ids = torch.randperm(sum(blocks) + 2, generator=gen).tolist()
+    tables, at = [], 0
+    for n in blocks:
+        tables.append(ids[at: at + n])
+        at += n
+    lc = LayerKVCache(make_pool(k_name, D, len(ids), Hkv, bs, "cpu", 32, gen),
+                      make_pool(v_name, D, len(ids), Hkv, bs, "cpu", 32, gen))
+    fill = AttentionMetadata.build(seq_lens, seq_lens, tables, bs)
+    T = sum(seq_lens)
+    k = torch.randn(T, Hkv, D, generator=gen)
+    v = torch.randn(T, Hkv, D, generator=gen)
+    k[200:300] *= 4.0  # sequence 0: scores jump late
+    v[150:300] *= 1000.0  # and V scales grow 1000-fold
+    v[380:430] *= 1000.0  # sequence 2: only V grows, late (its early tokens keep their weight)
+    reference.write_kv(k.half(), v.half(), lc, fill.slot_mapping)
+    meta = AttentionMetadata.build([1] * len(seq_lens), seq_lens, tables, bs)
+    q = (3.0 * torch.randn(len(seq_lens), Hq, D, generator=gen)).half()
+    scale = D ** -0.5
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    out = decode_paged_attention(q, lc, meta, scale, num_splits=splits, lazy=True).float()
+    err = ((out - ref).abs() - RTOL * ref.abs()).max().item()
+    assert err <= ATOL * max(1.0, ref.abs().max().item()), err
+
+
 def test_needs_idx64_reads_strides():
     """int64 indexing when any element offset of a pool tensor (strided views too) reaches 2**31."""
     from types import SimpleNamespace

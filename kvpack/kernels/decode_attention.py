@@ -119,7 +119,7 @@ def _dot(a, b, DT: tl.constexpr):
 
 @triton.jit
 def _attend_tile(
-    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b, vref,
     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
     D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -127,10 +127,16 @@ def _attend_tile(
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
     FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
+    LAZY: tl.constexpr,
 ):
-    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
-    SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
-    q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back."""
+    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b,
+    vref). SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A
+    operand, q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back.
+    LAZY (an experiment, off by default): the reference max m_i only moves when a tile's max passes
+    it by more than 2**6 (p <= 64 in fp16 meanwhile), and per-token V scales fold into p relative
+    to vref, the largest V scale so far, which likewise moves only when a tile's passes it 256-fold
+    (p * vs / vref <= 16384); the MMA then accumulates P @ V straight into acc, which is rescaled
+    (one branch per tile, taken rarely) only when m_i or vref moves."""
     offs = n0 + tl.arange(0, BLOCK_N)
     if MASKED:  # the split's last, partial tile
         nmask = offs < end
@@ -164,34 +170,80 @@ def _attend_tile(
         s = s * qk_scale
     if MASKED:
         s = tl.where(nmask[None, :], s, -float("inf"))
-    # ---- online softmax (base 2) ----
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    m_i = m_new
-    # ---- P @ V ----
     vc_row = blk * v_cs0 + h * v_cs1 + off * v_cs2
     vs_row = blk * v_ss0 + h * v_ss1 + off * v_ss2
-    if V_FMT == K_FMT_INT4:
-        v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
-                                V_ALIGNED, BLOCK_N, FAST)
-        pd = p.to(V_DT)
-        acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
-        acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
-    else:
-        v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
-        if V_FMT != K_FMT_FLOAT and not V_STATIC:
-            # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
-            # keeps its range), and the tile scale into the [GROUP, D] product
+    VTOK: tl.constexpr = V_FMT != K_FMT_FLOAT and V_FMT != K_FMT_INT4 and not V_STATIC
+    if LAZY:
+        m_tile = tl.max(s, axis=1)
+        grow = tl.max(m_tile - m_i, axis=0) > 6.0
+        if VTOK:
             vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
             vmax = tl.max(vs, axis=0)
-            vmax = tl.where(vmax > 0, vmax, 1.0)
-            pv = _dot((p * (vs * (1.0 / vmax))[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
+            grow = grow | (vmax > vref * 256.0)
+        if grow:  # move the references; rescale what was accumulated against the old ones
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            if VTOK:
+                vref_new = tl.maximum(vref, vmax)
+                alpha = alpha * (vref / tl.where(vref_new > 0, vref_new, 1.0))  # vref == 0: acc is 0
+                vref = vref_new
+            acc_a = acc_a * alpha[:, None]
+            if V_FMT == K_FMT_INT4:
+                acc_b = acc_b * alpha[:, None]
+            m_i = m_new
+        p = tl.exp2(s - m_i[:, None])
+        l_i = l_i + tl.sum(p, axis=1)
+        if V_FMT == K_FMT_INT4:
+            v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
+                                    V_ALIGNED, BLOCK_N, FAST)
+            pd = p.to(V_DT)
+            acc_a = _dot_acc(pd, v_lo, acc_a, V_DT)
+            acc_b = _dot_acc(pd, v_hi, acc_b, V_DT)
         else:
-            pv = _dot(p.to(V_DT), v, V_DT)
-        acc_a = acc_a * alpha[:, None] + pv
-    return m_i, l_i, acc_a, acc_b
+            v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
+            if VTOK:
+                p = p * (vs * (1.0 / tl.where(vref > 0, vref, 1.0)))[None, :]
+            acc_a = _dot_acc(p.to(V_DT), v, acc_a, V_DT)
+    else:
+        # ---- online softmax (base 2) ----
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+        # ---- P @ V ----
+        if V_FMT == K_FMT_INT4:
+            v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
+                                    V_ALIGNED, BLOCK_N, FAST)
+            pd = p.to(V_DT)
+            acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
+            acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
+        else:
+            v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
+            if VTOK:
+                # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
+                # keeps its range), and the tile scale into the [GROUP, D] product
+                vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
+                vmax = tl.max(vs, axis=0)
+                vmax = tl.where(vmax > 0, vmax, 1.0)
+                pv = _dot((p * (vs * (1.0 / vmax))[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
+            else:
+                pv = _dot(p.to(V_DT), v, V_DT)
+            acc_a = acc_a * alpha[:, None] + pv
+    return m_i, l_i, acc_a, acc_b, vref
+
+
+@triton.jit
+def _dot_acc(a, b, acc, DT: tl.constexpr):
+    """acc + a @ b, accumulated by the MMA itself (operands as in `_dot`)."""
+    if DT == tl.float32:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    elif _INTERPRET_C and DT == tl.bfloat16:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
 
 
 @triton.jit
@@ -206,7 +258,7 @@ def _decode_kernel(
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
-    SWAP: tl.constexpr = False, IDX64: tl.constexpr = True,
+    SWAP: tl.constexpr = False, IDX64: tl.constexpr = True, LAZY: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -247,6 +299,7 @@ def _decode_kernel(
         acc_a = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
         acc_b = acc_a
 
+    vref = tl.zeros([], tl.float32)  # LAZY: the largest V scale so far (0: none yet)
     bt_row = bt_ptr + b.to(tl.int64) * s_bt
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     for phase in tl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
@@ -255,27 +308,29 @@ def _decode_kernel(
         if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
             n0 = lo
             while n0 < hi:
-                m_i, l_i, acc_a, acc_b = _attend_tile(
-                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+                m_i, l_i, acc_a, acc_b, vref = _attend_tile(
+                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b, vref,
                     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1)
+                    SWAP, IDX64, phase == 1, LAZY)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
-                m_i, l_i, acc_a, acc_b = _attend_tile(
-                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
+                m_i, l_i, acc_a, acc_b, vref = _attend_tile(
+                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b, vref,
                     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1)
+                    SWAP, IDX64, phase == 1, LAZY)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
         acc_b = acc_b * v_scale
+    elif LAZY and V_FMT != K_FMT_FLOAT and V_FMT != K_FMT_INT4:
+        acc_a = acc_a * (vref * V_FACTOR)
 
     if V_FMT == K_FMT_INT4:
         c = tl.arange(0, HALF_PAD)
@@ -356,7 +411,7 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
-                maxnreg: int | None = None, index64: bool | None = None) -> DecodePlan:
+                maxnreg: int | None = None, index64: bool | None = None, lazy: bool = False) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
@@ -426,7 +481,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         group_pad = max(16, triton.next_power_of_2(group))
         args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
                  *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott",
-                 _needs_idx64(kp, vp) if index64 is None else index64]
+                 _needs_idx64(kp, vp) if index64 is None else index64, lazy]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
@@ -448,6 +503,7 @@ def decode_paged_attention(
     variant: str | None = None,
     maxnreg: int | None = None,
     index64: bool | None = None,
+    lazy: bool = False,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -460,10 +516,10 @@ def decode_paged_attention(
     default: KVPACK_DECODE_VARIANT, else "dot"); for "fma", block_n is rounded down to a multiple
     of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning). index64:
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
-    whose offsets can reach 2**31, `_needs_idx64`).
+    whose offsets can reach 2**31, `_needs_idx64`). lazy: the LAZY experiment of `_attend_tile`.
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant, maxnreg, index64)
+                       variant, maxnreg, index64, lazy)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
