@@ -307,6 +307,61 @@ def test_f16_conversions_every_code():
         assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite])), name
 
 
+def _run_ptx(asm: str, word: int) -> list[int]:
+    """Emulate the few PTX instructions the e4m3 decode uses (mov, prmt default mode with sign
+    replication, shl, shr, and, or) on one 32-bit input word: the outputs $0, $1."""
+    import re
+
+    regs, mask = {"$2": word}, 0xFFFFFFFF
+    val = lambda t: int(t, 16) if t.startswith("0x") else (int(t) if t.isdigit() else regs[t])  # noqa: E731
+    for op, args in re.findall(r"^(\w+)\.b32 ([^;]+);", asm, re.M):
+        d, *src = [a.strip() for a in args.split(",")]
+        x = [val(a) for a in src]
+        if op == "mov":
+            regs[d] = x[0]
+        elif op == "prmt":
+            by = [(x[0] >> 8 * i) & 255 for i in range(4)] + [(x[1] >> 8 * i) & 255 for i in range(4)]
+            out = 0
+            for i in range(4):
+                sel = (x[2] >> 4 * i) & 15
+                b = by[sel & 7]
+                out |= ((255 if b & 128 else 0) if sel & 8 else b) << 8 * i
+            regs[d] = out
+        elif op in ("shl", "shr"):
+            regs[d] = ((x[0] << x[1]) if op == "shl" else (x[0] >> x[1])) & mask
+        elif op == "and":
+            regs[d] = x[0] & x[1]
+        elif op == "or":
+            regs[d] = x[0] | x[1]
+        else:
+            raise AssertionError(f"unemulated PTX op {op}")
+    return [regs["$0"], regs["$1"]]
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_f16_asm_bits_every_code(name):
+    """The fp8 -> fp16 inline PTX (run on GPUs only) emulated on the CPU: every code in every byte of
+    the input register gives the fp16 bits of decode(code) / factor (fp8_decode as the oracle; e4m3
+    NaN codes excepted: documented to decode to finite values there)."""
+    from kvpack.kernels.quant import _ASM_E4M3_F16, _ASM_E5M2_F16
+
+    asm = (_ASM_E4M3_F16 if name == "fp8_e4m3" else _ASM_E5M2_F16).value
+    codes = torch.arange(256)
+    factor = 256 if name == "fp8_e4m3" else 1
+    value = fp8_decode(codes.to(torch.uint8), name)
+    want = (value / factor).half().view(torch.int16).int() & 0xFFFF
+    nan = value.isnan()  # e4m3: decoded finite by the PTX (documented); e5m2: any fp16 NaN pattern
+    for pos in range(4):
+        for c in range(256):
+            word = (0xA5C35A17 & ~(0xFF << 8 * pos)) | c << 8 * pos
+            out = _run_ptx(asm, word)
+            got = (out[pos // 2] >> 16 * (pos % 2)) & 0xFFFF
+            if not nan[c]:
+                assert got == want[c].item(), (pos, c, hex(got), hex(want[c].item()))
+            elif name == "fp8_e5m2":
+                assert got & 0x7C00 == 0x7C00 and got & 0x3FF, (pos, c, hex(got))
+
+
 # ---- the CUDA-core ("fma") variant -----------------------------------------------------------
 # Every product and sum is float32 there (codes are exact float32 operands), so with float32 q and
 # output it matches the float32 reference to ~1e-6; FMA_ATOL / FMA_RTOL leave ~30x room and
