@@ -155,9 +155,10 @@ def _cache_write_kernel(
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
     tmask = slot >= 0
-    slot = tl.where(tmask, slot, 0)
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
+    # slot >= 0 here: unsigned division and a mask (BLOCK_SIZE is a power of two)
+    slot = tl.where(tmask, slot, 0).to(tl.uint64)
+    blk = (slot // BLOCK_SIZE).to(tl.int64)
+    off = (slot & (BLOCK_SIZE - 1)).to(tl.int64)
     _write_side(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
                 kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
                 K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
