@@ -192,12 +192,13 @@ def _block_ids(bt_row, n0, kv_end, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constex
     """Physical block of each key position n0 .. n0 + BLOCK_N - 1 ([BLOCK_N] int64; positions
     past kv_end read the last valid entry, so the block table row is never overrun)."""
     pos = n0 + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row + tl.minimum(pos, kv_end - 1) // BLOCK_SIZE).to(tl.int64)
+    # positions are >= 0: unsigned division (a signed one costs sign fix-ups per key)
+    return tl.load(bt_row + (tl.minimum(pos, kv_end - 1).to(tl.uint32) // BLOCK_SIZE).to(tl.int32)).to(tl.int64)
 
 
 @triton.jit
 def _scale_offsets(ids, n0, kvh, s_b, s_h, s_t, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    return ids * s_b + kvh * s_h + ((n0 + tl.arange(0, BLOCK_N)) % BLOCK_SIZE).to(tl.int64) * s_t
+    return ids * s_b + kvh * s_h + ((n0 + tl.arange(0, BLOCK_N)) & (BLOCK_SIZE - 1)).to(tl.int64) * s_t
 
 
 @triton.jit
@@ -223,7 +224,7 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
     """
     pos_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = pos_n < kv_end
-    off = (pos_n % BLOCK_SIZE).to(tl.int64)
+    off = (pos_n & (BLOCK_SIZE - 1)).to(tl.int64)
     if not CARRY:
         blk = _block_ids(bt_row, n0, kv_end, BLOCK_N, BLOCK_SIZE)
         ks0, ks1, kz0, kz1 = _tile_scales(
