@@ -133,7 +133,7 @@ def _attend_tile(
     vref). SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A
     operand, q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back.
     LAZY (an experiment, off by default): the reference max m_i only moves when a tile's max passes
-    it by more than 2**6 (p <= 64 in fp16 meanwhile), and per-token V scales fold into p relative
+    it by more than 6 (base-2 logits: p <= 2**6 in fp16 meanwhile), and per-token V scales fold into p relative
     to vref, the largest V scale so far, which likewise moves only when a tile's passes it 256-fold
     (p * vs / vref <= 16384); the MMA then accumulates P @ V straight into acc, which is rescaled
     (one branch per tile, taken rarely) only when m_i or vref moves."""
