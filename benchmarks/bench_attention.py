@@ -224,7 +224,7 @@ TUNE_CONFIGS = [
     ("dot-bn64-w1-s1-nocvt", "dot", {"block_n": 64, "num_warps": 1, "num_stages": 1, "fast_cvt": False}),
     # session 4, after the GPU calls: int32 offsets, unsigned block indexing, unmasked whole tiles
     # and fewer scale ops in the default kernel (SASS per 64-token tile, sm_90: int8 2194 -> 1524
-    # instructions, int4 2145 -> 1759, fp8_e4m3 2597 -> 1937, bf16 2x898 -> 2x410); int64 offsets for
+    # instructions, int4 2145 -> 1759, fp8_e4m3 2597 -> 1673, bf16 2x898 -> 2x410); int64 offsets for
     # comparison (`dot` is the default configuration, whatever it is):
     ("dot-idx64", "dot", {"index64": True}),
     # and the LAZY experiment (references moved on large jumps only, P @ V accumulated in the MMA;

@@ -105,15 +105,16 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
 
 
 @triton.jit
-def _dot(a, b, DT: tl.constexpr):
-    """a @ b with operands of dtype DT: fp32 operands use input_precision="ieee" (no TF32); the CPU
-    interpreter multiplies bf16 as integers, so there bf16 operands are widened to fp32 (exact)."""
+def _dot(a, b, DT: tl.constexpr, acc=None):
+    """a @ b (+ acc, accumulated by the MMA) with operands of dtype DT: fp32 operands use
+    input_precision="ieee" (no TF32); the CPU interpreter multiplies bf16 as integers, so there
+    bf16 operands are widened to fp32 (exact)."""
     if DT == tl.float32:
-        out = tl.dot(a, b, input_precision="ieee")
+        out = tl.dot(a, b, acc, input_precision="ieee")
     elif _INTERPRET_C and DT == tl.bfloat16:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        out = tl.dot(a, b)
+        out = tl.dot(a, b, acc)
     return out
 
 
@@ -198,13 +199,13 @@ def _attend_tile(
             v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
                                     V_ALIGNED, BLOCK_N, FAST)
             pd = p.to(V_DT)
-            acc_a = _dot_acc(pd, v_lo, acc_a, V_DT)
-            acc_b = _dot_acc(pd, v_hi, acc_b, V_DT)
+            acc_a = _dot(pd, v_lo, V_DT, acc_a)
+            acc_b = _dot(pd, v_hi, V_DT, acc_b)
         else:
             v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
             if VTOK:
                 p = p * (vs * (1.0 / tl.where(vref > 0, vref, 1.0)))[None, :]
-            acc_a = _dot_acc(p.to(V_DT), v, acc_a, V_DT)
+            acc_a = _dot(p.to(V_DT), v, V_DT, acc_a)
     else:
         # ---- online softmax (base 2) ----
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -233,17 +234,6 @@ def _attend_tile(
             acc_a = acc_a * alpha[:, None] + pv
     return m_i, l_i, acc_a, acc_b, vref
 
-
-@triton.jit
-def _dot_acc(a, b, acc, DT: tl.constexpr):
-    """acc + a @ b, accumulated by the MMA itself (operands as in `_dot`)."""
-    if DT == tl.float32:
-        out = tl.dot(a, b, acc, input_precision="ieee")
-    elif _INTERPRET_C and DT == tl.bfloat16:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
 
 
 @triton.jit
