@@ -227,9 +227,17 @@ TUNE_CONFIGS = [
     # instructions, int4 2145 -> 1759, fp8_e4m3 2597 -> 1673, bf16 2x898 -> 2x410); int64 offsets for
     # comparison (`dot` is the default configuration, whatever it is):
     ("dot-idx64", "dot", {"index64": True}),
-    # and the LAZY experiment (references moved on large jumps only, P @ V accumulated in the MMA;
-    # SASS: int8 1524 -> 1483 static instructions per tile, the rescale path included, taken rarely):
-    ("dot-lazy", "dot", {"lazy": True}),
+    # session 5: int32 offsets measured no different from int64 (within 2 %); a LAZY experiment (softmax
+    # references moved on large jumps only) measured 0-7 % slower and was removed. The quantized
+    # one-warp programs sit at 255 registers (8 per SM) and issue each tile's loads only after the
+    # previous tile's math: L2 prefetch of the tile `prefetch` tiles ahead, and register caps that fit
+    # more programs per SM (run with --tune-splits 1,2):
+    ("dot-pf1", "dot", {"prefetch": 1}),
+    ("dot-pf2", "dot", {"prefetch": 2}),
+    ("dot-pf4", "dot", {"prefetch": 4}),
+    ("dot-pf2-r168", "dot", {"prefetch": 2, "maxnreg": 168}),
+    ("dot-bn32-w1-pf2", "dot", {"block_n": 32, "num_warps": 1, "prefetch": 2}),
+    ("dot-bn128-w1-s1-pf2", "dot", {"block_n": 128, "num_warps": 1, "num_stages": 1, "prefetch": 2}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
@@ -248,7 +256,7 @@ TARGETS = {"int8": 0.55, "int8-static": 0.55, "fp8_e4m3": 0.60, "fp8_e5m2": 0.60
 
 def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -> tuple[dict, int]:
     """decode_paged_attention kwargs (without num_splits) and the heuristic split count."""
-    from kvpack.kernels.decode_attention import choose_fma_splits, choose_num_splits, fma_tile
+    from kvpack.kernels.decode_attention import choose_fma_splits, choose_num_splits, default_tile, fma_tile
 
     kw = {k: v for k, v in cfg.items() if k != "A"}
     if variant == "fma":
@@ -256,9 +264,10 @@ def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -
         _, _, _, rows = fma_tile(shape.head_dim, None, cfg["num_warps"], int4)
         kw["block_n"] = cfg["A"] * rows
         base = choose_fma_splits(shape.batch, shape.hkv, shape.context, kw["block_n"], dev)
-    else:
-        base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", 128), dev,
-                                 kw.get("num_warps", 4), shape.head_dim)
+    else:  # the split count the launcher would pick for this tile (default_tile where cfg is silent)
+        bn, nw, _ = default_tile(lc.k, lc.v, shape.head_dim)
+        base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", bn), dev,
+                                 kw.get("num_warps", nw), shape.head_dim)
     return kw, base
 
 

@@ -119,8 +119,32 @@ def _dot(a, b, DT: tl.constexpr, acc=None):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """PTX prefetch.global.L2 of every address in ptrs (a hint: no registers, no wait)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_side(c_ptr, s_ptr, z_ptr, c_row, s_row, FMT: tl.constexpr, STATIC: tl.constexpr,
+                   D: tl.constexpr):
+    """L2 prefetch of one side's rows: every 128-byte line of the codes, the scale (and zero) rows."""
+    ROW: tl.constexpr = D // 2 if FMT == K_FMT_INT4 else D  # elements per code row
+    LINE: tl.constexpr = 1024 // c_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
+    LINES: tl.constexpr = triton.next_power_of_2(triton.cdiv(ROW, LINE))
+    if LINES == 1:
+        _prefetch_l2(c_ptr + c_row)
+    else:
+        _prefetch_l2(c_ptr + c_row[:, None] + tl.minimum(tl.arange(0, LINES) * LINE, ROW - 1)[None, :])
+    if FMT != K_FMT_FLOAT and not STATIC:
+        _prefetch_l2(s_ptr + s_row)
+        if FMT == K_FMT_INT4:
+            _prefetch_l2(z_ptr + s_row)
+
+
+@triton.jit
 def _attend_tile(
-    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b, vref,
+    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
     D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -128,16 +152,14 @@ def _attend_tile(
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
     FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
-    LAZY: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b,
-    vref). SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A
-    operand, q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back.
-    LAZY (an experiment, off by default): the reference max m_i only moves when a tile's max passes
-    it by more than 6 (base-2 logits: p <= 2**6 in fp16 meanwhile), and per-token V scales fold into p relative
-    to vref, the largest V scale so far, which likewise moves only when a tile's passes it 256-fold
-    (p * vs / vref <= 16384); the MMA then accumulates P @ V straight into acc, which is rescaled
-    (one branch per tile, taken rarely) only when m_i or vref moves."""
+    """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
+    SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
+    q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back. PREFETCH > 0: once this tile's
+    K has arrived, ask L2 for the K and V rows (codes, scales, zeros) of the tile PREFETCH tiles
+    ahead (clamped to the split's tokens), so that its loads wait on L2 rather than DRAM; a
+    one-warp program issues its loads one tile at a time and otherwise waits for DRAM each tile."""
     offs = n0 + tl.arange(0, BLOCK_N)
     if MASKED:  # the split's last, partial tile
         nmask = offs < end
@@ -148,6 +170,12 @@ def _attend_tile(
     if IDX64:
         blk = blk.to(tl.int64)
     off = offs & (BLOCK_SIZE - 1)
+    if PREFETCH > 0:  # the block-table entries of the tile to prefetch (used once K has arrived)
+        offs_pf = tl.minimum(offs + PREFETCH * BLOCK_N, end - 1)
+        blk_pf = tl.load(bt_row + (offs_pf.to(tl.uint32) // BLOCK_SIZE).to(tl.int32))
+        if IDX64:
+            blk_pf = blk_pf.to(tl.int64)
+        off_pf = offs_pf & (BLOCK_SIZE - 1)
     # ---- scores [GROUP_PAD, BLOCK_N] ----
     kc_row = blk * k_cs0 + h * k_cs1 + off * k_cs2
     ks_row = blk * k_ss0 + h * k_ss1 + off * k_ss2
@@ -171,68 +199,40 @@ def _attend_tile(
         s = s * qk_scale
     if MASKED:
         s = tl.where(nmask[None, :], s, -float("inf"))
+    if PREFETCH > 0:
+        _prefetch_side(kc_ptr, ks_ptr, kz_ptr, blk_pf * k_cs0 + h * k_cs1 + off_pf * k_cs2,
+                       blk_pf * k_ss0 + h * k_ss1 + off_pf * k_ss2, K_FMT, K_STATIC, D)
+        _prefetch_side(vc_ptr, vs_ptr, vz_ptr, blk_pf * v_cs0 + h * v_cs1 + off_pf * v_cs2,
+                       blk_pf * v_ss0 + h * v_ss1 + off_pf * v_ss2, V_FMT, V_STATIC, D)
     vc_row = blk * v_cs0 + h * v_cs1 + off * v_cs2
     vs_row = blk * v_ss0 + h * v_ss1 + off * v_ss2
     VTOK: tl.constexpr = V_FMT != K_FMT_FLOAT and V_FMT != K_FMT_INT4 and not V_STATIC
-    if LAZY:
-        m_tile = tl.max(s, axis=1)
-        grow = tl.max(m_tile - m_i, axis=0) > 6.0
+    # ---- online softmax (base 2) ----
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_i = m_new
+    # ---- P @ V ----
+    if V_FMT == K_FMT_INT4:
+        v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
+                                V_ALIGNED, BLOCK_N, FAST)
+        pd = p.to(V_DT)
+        acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
+        acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
+    else:
+        v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
         if VTOK:
+            # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
+            # keeps its range), and the tile scale into the [GROUP, D] product
             vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
             vmax = tl.max(vs, axis=0)
-            grow = grow | (vmax > vref * 256.0)
-        if grow:  # move the references; rescale what was accumulated against the old ones
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            if VTOK:
-                vref_new = tl.maximum(vref, vmax)
-                alpha = alpha * (vref / tl.where(vref_new > 0, vref_new, 1.0))  # vref == 0: acc is 0
-                vref = vref_new
-            acc_a = acc_a * alpha[:, None]
-            if V_FMT == K_FMT_INT4:
-                acc_b = acc_b * alpha[:, None]
-            m_i = m_new
-        p = tl.exp2(s - m_i[:, None])
-        l_i = l_i + tl.sum(p, axis=1)
-        if V_FMT == K_FMT_INT4:
-            v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
-                                    V_ALIGNED, BLOCK_N, FAST)
-            pd = p.to(V_DT)
-            acc_a = _dot(pd, v_lo, V_DT, acc_a)
-            acc_b = _dot(pd, v_hi, V_DT, acc_b)
+            vmax = tl.where(vmax > 0, vmax, 1.0)
+            pv = _dot((p * (vs * (1.0 / vmax))[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
         else:
-            v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
-            if VTOK:
-                p = p * (vs * (1.0 / tl.where(vref > 0, vref, 1.0)))[None, :]
-            acc_a = _dot(p.to(V_DT), v, V_DT, acc_a)
-    else:
-        # ---- online softmax (base 2) ----
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
-        # ---- P @ V ----
-        if V_FMT == K_FMT_INT4:
-            v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
-                                    V_ALIGNED, BLOCK_N, FAST)
-            pd = p.to(V_DT)
-            acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
-            acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
-        else:
-            v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
-            if VTOK:
-                # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
-                # keeps its range), and the tile scale into the [GROUP, D] product
-                vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
-                vmax = tl.max(vs, axis=0)
-                vmax = tl.where(vmax > 0, vmax, 1.0)
-                pv = _dot((p * (vs * (1.0 / vmax))[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
-            else:
-                pv = _dot(p.to(V_DT), v, V_DT)
-            acc_a = acc_a * alpha[:, None] + pv
-    return m_i, l_i, acc_a, acc_b, vref
+            pv = _dot(p.to(V_DT), v, V_DT)
+        acc_a = acc_a * alpha[:, None] + pv
+    return m_i, l_i, acc_a, acc_b
 
 
 
@@ -248,7 +248,7 @@ def _decode_kernel(
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
-    SWAP: tl.constexpr = False, IDX64: tl.constexpr = True, LAZY: tl.constexpr = False,
+    SWAP: tl.constexpr = False, IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -289,7 +289,6 @@ def _decode_kernel(
         acc_a = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
         acc_b = acc_a
 
-    vref = tl.zeros([], tl.float32)  # LAZY: the largest V scale so far (0: none yet)
     bt_row = bt_ptr + b.to(tl.int64) * s_bt
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     for phase in tl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
@@ -298,29 +297,27 @@ def _decode_kernel(
         if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
             n0 = lo
             while n0 < hi:
-                m_i, l_i, acc_a, acc_b, vref = _attend_tile(
-                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b, vref,
+                m_i, l_i, acc_a, acc_b = _attend_tile(
+                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
                     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1, LAZY)
+                    SWAP, IDX64, phase == 1, PREFETCH)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
-                m_i, l_i, acc_a, acc_b, vref = _attend_tile(
-                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b, vref,
+                m_i, l_i, acc_a, acc_b = _attend_tile(
+                    n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
                     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1, LAZY)
+                    SWAP, IDX64, phase == 1, PREFETCH)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
         acc_b = acc_b * v_scale
-    elif LAZY and V_FMT != K_FMT_FLOAT and V_FMT != K_FMT_INT4:
-        acc_a = acc_a * (vref * V_FACTOR)
 
     if V_FMT == K_FMT_INT4:
         c = tl.arange(0, HALF_PAD)
@@ -379,6 +376,10 @@ def _needs_idx64(*pools) -> bool:
     return any(t is not None and max_offset(t) >= 2**31 - 1 for p in pools for t in (p.codes, p.scales, p.zeros))
 
 
+# L2 prefetch distance (tiles) of the "dot" kernel, see `_attend_tile`
+DEFAULT_PREFETCH = 0
+
+
 def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) of the "dot" variant, measured on an H200
     (benchmarks/bench_attention.py --tune; results/attention_tune_s4). Head dims up to 128 run one
@@ -401,7 +402,7 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
-                maxnreg: int | None = None, index64: bool | None = None, lazy: bool = False) -> DecodePlan:
+                maxnreg: int | None = None, index64: bool | None = None, prefetch: int | None = None) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
@@ -471,7 +472,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         group_pad = max(16, triton.next_power_of_2(group))
         args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
                  *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott",
-                 _needs_idx64(kp, vp) if index64 is None else index64, lazy]
+                 _needs_idx64(kp, vp) if index64 is None else index64,
+                 0 if INTERPRET else DEFAULT_PREFETCH if prefetch is None else prefetch]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
@@ -493,7 +495,7 @@ def decode_paged_attention(
     variant: str | None = None,
     maxnreg: int | None = None,
     index64: bool | None = None,
-    lazy: bool = False,
+    prefetch: int | None = None,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -506,10 +508,11 @@ def decode_paged_attention(
     default: KVPACK_DECODE_VARIANT, else "dot"); for "fma", block_n is rounded down to a multiple
     of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning). index64:
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
-    whose offsets can reach 2**31, `_needs_idx64`). lazy: the LAZY experiment of `_attend_tile`.
+    whose offsets can reach 2**31, `_needs_idx64`). prefetch: L2 prefetch distance in tiles of
+    the "dot" kernel (0: none; default: `default_tile`; the CPU interpreter has no inline PTX: 0).
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant, maxnreg, index64, lazy)
+                       variant, maxnreg, index64, prefetch)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
