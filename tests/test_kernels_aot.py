@@ -201,5 +201,41 @@ def test_fp8_pattern_would_match():
     assert not FP8_CVT.search("cvt.rn.f16.f32 %rs1, %f1;")
 
 
+def hopper_fp8_write_ptx() -> dict:
+    """PTX of the fp8 cache writes planned as on an sm >= 89 GPU (HW_FP8, the last argument, True)
+    and compiled for sm_90: {format: sorted FP8 conversion instructions}."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kvpack.attention import LayerKVCache
+    from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
+    from tests.test_kernels_write import make_pool
+
+    found = {}
+    for name in ("fp8_e4m3", "fp8_e5m2-static"):
+        lc = LayerKVCache(make_pool(name, 128, 8, 2, 16, "cpu"), make_pool(name, 128, 8, 2, 16, "cpu"))
+        k = torch.randn(5, 2, 128, dtype=torch.bfloat16)
+        _, args, opts = plan_write(k, k, lc, torch.arange(5))
+        assert args[-1] is False  # CPU tensors plan the software encoder
+        sig, consts, attrs = signature(_cache_write_kernel, args[:-1] + [True])
+        ck = triton.compile(triton.compiler.ASTSource(_cache_write_kernel, sig, consts, attrs),
+                            target=GPUTarget("cuda", 90, 32), options=opts)
+        found[name] = sorted(set(m.group(0) for m in FP8_CVT.finditer(ck.asm["ptx"])))
+    return found
+
+
+def test_hopper_write_uses_fp8_instructions():
+    """On sm >= 89 the cache write encodes FP8 with the conversion instruction (its codes are
+    checked against the reference by the gpu-marked write tests); Ampere builds keep the software
+    encoder (test_no_hardware_fp8_conversions)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "hopper-fp8-write"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == {"fp8_e4m3": ["cvt.rn.satfinite.e4m3"], "fp8_e5m2-static": ["cvt.rn.satfinite.e5m2"]}, found
+
+
 if __name__ == "__main__":
-    print(json.dumps(compile_all()))
+    print(json.dumps(hopper_fp8_write_ptx() if sys.argv[1:] == ["hopper-fp8-write"] else compile_all()))

@@ -196,6 +196,47 @@ def test_write_gpu_int4_group_128(D):
     run_write("int4", "int4", T=2000, H=8, D=D, dtype=torch.bfloat16, device="cuda", group_size=128)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("static", [False, True])
+def test_write_gpu_fp8_special_values(kind, static, monkeypatch):
+    """The sm >= 89 instruction encoder and the software encoder write the reference's codes on every
+    FP8 value, the midpoints between neighbours (ties), their float32 neighbours, +-0, +-inf, values
+    past the largest finite code and (static scale: no absmax over them) NaNs of both signs.
+    Unrotated pools, so the values reach the encoder as they are."""
+    from kvpack.formats import fp8_decode
+    from kvpack.kernels import write_kv
+
+    vals = fp8_decode(torch.arange(256, dtype=torch.int32).to(torch.uint8), kind).float()
+    vals = vals[torch.isfinite(vals)].unique()
+    mids = (vals[1:] + vals[:-1]) / 2
+    big = vals.max().item()
+    extra = [0.0, -0.0, float("inf"), -float("inf"), 1e30, -1e30, big * 1.03, -big * 1.07, 1e-12, -1e-12]
+    if static:
+        extra += [float("nan"), -float("nan")]
+    x = torch.cat([vals, mids, torch.nextafter(mids, torch.full_like(mids, float("inf"))),
+                   torch.nextafter(mids, torch.full_like(mids, -float("inf"))), torch.tensor(extra)])
+    D, H, bs = 128, 2, 16
+    T = -(-x.numel() // (H * D))
+    k = torch.zeros(T * H * D)
+    k[: x.numel()] = x
+    k = k.view(T, H, D)
+    if not static:  # the largest finite value in every row: the dynamic scale is then ~1
+        k[:, :, 0] = big
+    v = k.flip(0).contiguous()
+    nb = -(-T // bs) + 1
+    fmt = resolve_format(kind, head_dim=D, static=static, rotate=False)
+    one = torch.ones(H) if static else None
+    lc = LayerKVCache(allocate_pool(fmt, nb, H, bs, "cpu", one), allocate_pool(fmt, nb, H, bs, "cpu", one))
+    slots = torch.randperm(nb * bs, generator=torch.Generator().manual_seed(0))[:T]
+    ref = reference_write_cpu(k, v, lc, slots)
+    for soft in ("0", "1"):
+        monkeypatch.setenv("KVPACK_SOFT_FP8_ENCODE", soft)
+        got = to_device(lc, "cuda")
+        write_kv(k.cuda(), v.cuda(), got, slots.cuda())
+        assert_same_cache(to_device(got, "cpu"), ref)
+
+
 def test_reference_cpu_path_matches_reference():
     """The helper the GPU tests use (CPU reference on pre-rotated input) equals the plain reference."""
     gen = torch.Generator().manual_seed(3)

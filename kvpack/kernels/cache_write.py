@@ -12,6 +12,8 @@ rotated by `storage_input` in the launcher, and the kernel quantizes.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -21,7 +23,8 @@ from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
-    K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_encode, int4_encode, int4_pack, int8_encode,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_encode, fp8_encode_hw, int4_encode,
+    int4_pack, int8_encode,
 )
 
 
@@ -56,7 +59,7 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
                 FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
                 D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
                 NG: tl.constexpr, CENTER: tl.constexpr, ROTATE: tl.constexpr, HB: tl.constexpr,
-                NORM: tl.constexpr, BT: tl.constexpr):
+                NORM: tl.constexpr, BT: tl.constexpr, HW_FP8: tl.constexpr):
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh  # [BT] pointers
     c_row = blk * cs0 + h * cs1 + off * cs2  # [BT] int64 element offsets
     s_row = blk * ss0 + h * ss1 + off * ss2
@@ -132,6 +135,8 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
                 s = s1[:, None]
             if FMT == K_FMT_INT8:
                 code = int8_encode(x, s).to(tl.int8)
+            elif HW_FP8:
+                code = fp8_encode_hw(tl.math.div_rn(x, s), FMT)
             else:
                 code = fp8_encode(tl.math.div_rn(x, s), FMT)
             tl.store(c_ptrs, code, mask=dm)
@@ -149,7 +154,7 @@ def _cache_write_kernel(
     K_NORM: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_QMAX: tl.constexpr, V_G: tl.constexpr,
     V_NG: tl.constexpr, V_CENTER: tl.constexpr, V_ROTATE: tl.constexpr, V_HB: tl.constexpr,
-    V_NORM: tl.constexpr,
+    V_NORM: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -162,11 +167,11 @@ def _cache_write_kernel(
     _write_side(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
                 kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
                 K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
-                BLOCK_T)
+                BLOCK_T, HW_FP8)
     _write_side(v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
                 vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
                 V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
-                BLOCK_T)
+                BLOCK_T, HW_FP8)
 
 
 def _side_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> tuple[torch.Tensor, list]:
@@ -201,6 +206,15 @@ def _fmt_constexprs(pool: CachePool) -> list:
     return [fmt.kernel_id, fmt.scale_mode == "static", qmax, fmt.group_size, fmt.head_dim // fmt.group_size]
 
 
+def hw_fp8_encode(device: torch.device) -> bool:
+    """Encode FP8 with the conversion instruction (CUDA sm >= 89; identical codes, ~20 fewer integer
+    operations per element), or in software (`fp8_encode`: Ampere, the CPU interpreter), forced by
+    KVPACK_SOFT_FP8_ENCODE=1."""
+    if device.type != "cuda" or INTERPRET or os.environ.get("KVPACK_SOFT_FP8_ENCODE", "0") == "1":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
                slot_mapping: torch.Tensor) -> tuple[tuple[int, int], list, dict]:
     """(grid, args, options) of the cache-write launch (also used to compile ahead of time)."""
@@ -221,7 +235,7 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
             kp.block_size, block_t, D, d_pad, half_pad,
-            *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:]]
+            *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:], hw_fp8_encode(k.device)]
     # no mul+add -> fma contraction: the reference rounds every product (e.g. x * NORM, then x - m)
     return grid, args, {"num_warps": 4, "enable_fp_fusion": False}
 
