@@ -36,7 +36,7 @@ import triton.language as tl
 
 from kvpack.formats import (
     FMT_FLOAT, FMT_FP8E4M3, FMT_FP8E5M2, FMT_INT4, FMT_INT8, FP8_E4M3, FP8_E5M2, FP8E4M3_BIAS, FP8E4M3_MAN_BITS,
-    FP8E4M3_MAX_CODE, FP8E4M3_NAN_CODE, FP8E5M2_BIAS, FP8E5M2_MAN_BITS, FP8E5M2_MAX_CODE,
+    FP8E4M3_MAX, FP8E4M3_MAX_CODE, FP8E4M3_NAN_CODE, FP8E5M2_BIAS, FP8E5M2_MAX, FP8E5M2_MAN_BITS, FP8E5M2_MAX_CODE,
     FP8E5M2_NAN_CODE, INT4_HI_SHIFT, INT4_NIBBLE_MASK, QMAX_INT4, QMAX_INT8,
 )
 
@@ -62,6 +62,8 @@ _E5M2_MAX_BITS = tl.constexpr(FP8_E5M2.max_bits)
 _E4M3_MAX_CODE = tl.constexpr(FP8E4M3_MAX_CODE)
 _E5M2_MAX_CODE = tl.constexpr(FP8E5M2_MAX_CODE)
 _E4M3_NAN_CODE = tl.constexpr(FP8E4M3_NAN_CODE)
+_E4M3_FMAX = tl.constexpr(FP8E4M3_MAX)
+_E5M2_FMAX = tl.constexpr(FP8E5M2_MAX)
 _E5M2_NAN_CODE = tl.constexpr(FP8E5M2_NAN_CODE)
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: adding it rounds |x| < 2**22 to an integer
 _RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
@@ -178,11 +180,13 @@ def fp8_encode_hw(x, FMT: tl.constexpr):
     """`fp8_encode` with the sm >= 89 conversion instruction (compile only for such targets): the
     same codes, NaN included (the instruction's canonical NaN drops the sign; restored here)."""
     sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
-    if FMT == K_FMT_FP8E4M3:
-        code = tl.inline_asm_elementwise(_ASM_F32_E4M3, "=r,r,r,r,r", [x], dtype=tl.uint8, is_pure=True, pack=4)
+    if FMT == K_FMT_FP8E4M3:  # clamped first: .satfinite turns +-inf into NaN (e4m3) or inf (e5m2)
+        xc = tl.minimum(tl.maximum(x, -_E4M3_FMAX), _E4M3_FMAX)
+        code = tl.inline_asm_elementwise(_ASM_F32_E4M3, "=r,r,r,r,r", [xc], dtype=tl.uint8, is_pure=True, pack=4)
         nan = _E4M3_NAN_CODE | (sign << 7)
     else:
-        code = tl.inline_asm_elementwise(_ASM_F32_E5M2, "=r,r,r,r,r", [x], dtype=tl.uint8, is_pure=True, pack=4)
+        xc = tl.minimum(tl.maximum(x, -_E5M2_FMAX), _E5M2_FMAX)
+        code = tl.inline_asm_elementwise(_ASM_F32_E5M2, "=r,r,r,r,r", [xc], dtype=tl.uint8, is_pure=True, pack=4)
         nan = _E5M2_NAN_CODE | (sign << 7)
     return tl.where(x != x, nan.to(tl.uint8), code)
 
