@@ -378,7 +378,7 @@ def _needs_idx64(*pools) -> bool:
 
 def default_prefetch(kp, vp, head_dim: int) -> int:
     """L2 prefetch distance in tiles (`_attend_tile`), measured on an H200 (results/attention_tune_s5):
-    one tile ahead took int4 K and V 5-7 % faster at head_dim 128; int8 and fp8_e4m3 ran 4-10 %
+    one tile ahead took int4 K and V 3-7 % faster at head_dim 128; int8 and fp8_e4m3 ran 3-11 %
     slower with it (their tile math, not DRAM latency, is the bound), so they and the unmeasured
     cases keep none."""
     return 1 if kp.fmt.kind == vp.fmt.kind == "int4" and 64 < head_dim <= 128 else 0
