@@ -161,33 +161,31 @@ def fp8_encode(x, FMT: tl.constexpr):
 
 # sm >= 89 has FP8 conversion instructions: two float32 -> one e4m3x2 / e5m2x2 pair, round to nearest
 # even, saturating (.satfinite); 4 codes per 32-bit register (the first element in the low byte).
-_ASM_F32_E4M3 = tl.constexpr("""{
+_ASM_F32_FP8 = """{
 .reg .b16 l, h;
-cvt.rn.satfinite.e4m3x2.f32 l, $2, $1;
-cvt.rn.satfinite.e4m3x2.f32 h, $4, $3;
+cvt.rn.satfinite.FMTx2.f32 l, $2, $1;
+cvt.rn.satfinite.FMTx2.f32 h, $4, $3;
 mov.b32 $0, {l, h};
-}""")
-_ASM_F32_E5M2 = tl.constexpr("""{
-.reg .b16 l, h;
-cvt.rn.satfinite.e5m2x2.f32 l, $2, $1;
-cvt.rn.satfinite.e5m2x2.f32 h, $4, $3;
-mov.b32 $0, {l, h};
-}""")
+}"""
+_ASM_F32_E4M3 = tl.constexpr(_ASM_F32_FP8.replace("FMT", "e4m3"))
+_ASM_F32_E5M2 = tl.constexpr(_ASM_F32_FP8.replace("FMT", "e5m2"))
 
 
 @triton.jit
 def fp8_encode_hw(x, FMT: tl.constexpr):
     """`fp8_encode` with the sm >= 89 conversion instruction (compile only for such targets): the
-    same codes, NaN included (the instruction's canonical NaN drops the sign; restored here)."""
-    sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
-    if FMT == K_FMT_FP8E4M3:  # clamped first: .satfinite turns +-inf into NaN (e4m3) or inf (e5m2)
+    same codes. The input is clamped to the largest finite value first (.satfinite does not turn
+    +-inf into the largest finite code, measured on the H200; the format saturates them), and NaNs
+    get the format's NaN code with their sign (the instruction's canonical NaN drops it)."""
+    sign = ((x.to(tl.int32, bitcast=True) >> 31) & 1) << 7
+    if FMT == K_FMT_FP8E4M3:
         xc = tl.minimum(tl.maximum(x, -_E4M3_FMAX), _E4M3_FMAX)
         code = tl.inline_asm_elementwise(_ASM_F32_E4M3, "=r,r,r,r,r", [xc], dtype=tl.uint8, is_pure=True, pack=4)
-        nan = _E4M3_NAN_CODE | (sign << 7)
+        nan = sign | _E4M3_NAN_CODE
     else:
         xc = tl.minimum(tl.maximum(x, -_E5M2_FMAX), _E5M2_FMAX)
         code = tl.inline_asm_elementwise(_ASM_F32_E5M2, "=r,r,r,r,r", [xc], dtype=tl.uint8, is_pure=True, pack=4)
-        nan = _E5M2_NAN_CODE | (sign << 7)
+        nan = sign | _E5M2_NAN_CODE
     return tl.where(x != x, nan.to(tl.uint8), code)
 
 
