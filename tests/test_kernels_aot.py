@@ -106,6 +106,11 @@ def variants():
             if D == 128 and name in ("bfloat16", "int8", "int4"):  # the swapped-operand experiment
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dott")
                 out.append((f"decode-dott/{name}/D{D}", plan.kernel, plan.args, plan.options))
+            if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon experiment
+                for splits in (1, 2):
+                    plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag")
+                    assert plan.variant == "frag", plan.variant
+                    out.append((f"decode-frag/{name}/D{D}/splits{splits}", plan.kernel, plan.args, plan.options))
             if name != "bfloat16":  # the CUDA-core decode variant (quantized K and V only)
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="fma")
                 out.append((f"decode-fma/{name}/D{D}", plan.kernel, plan.args, plan.options))
@@ -144,17 +149,20 @@ def variants():
 def compile_all(archs=(80, 86)) -> list[dict]:
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import _runtime as gluon_runtime
 
     results = []
     for name, fn, args, opts in variants():
         sig, consts, attrs = signature(fn, args)
+        source = gluon_runtime.GluonASTSource if isinstance(fn, gluon_runtime.GluonJITFunction) \
+            else triton.compiler.ASTSource
         for cc in archs:
             res = {"variant": name, "arch": f"sm_{cc}"}
             try:
-                ck = triton.compile(triton.compiler.ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
-                                    options=opts)
+                ck = triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=opts)
                 ptx = ck.asm["ptx"]
                 res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")), f32_fma=ptx.count("fma.rn.f32"),
+                           shared=ck.metadata.shared,
                            fp8_cvt=sorted(set(m.group(0) for m in FP8_CVT.finditer(ptx))),
                            target_line=next((ln for ln in ptx.splitlines() if ln.startswith(".target")), ""))
             except Exception as e:  # reported, and the test fails on it
@@ -192,6 +200,16 @@ def test_cache_write_has_no_fused_multiply_add(aot_results):
     writes = [r for r in aot_results if r["variant"].startswith("write")]
     assert writes and all(r["f32_fma"] == 0 for r in writes), [(r["variant"], r["f32_fma"]) for r in writes]
     assert any(r["f32_fma"] > 0 for r in aot_results)  # the count would see one: decode kernels fuse
+
+
+def test_frag_decode_uses_no_shared_memory(aot_results):
+    """The "frag" experiment loads codes in the MMA fragment layout: no shared-memory staging (the
+    "dot" kernel stages each tile), and its hand-overs compiled as register renamings
+    (`convert_layout(..., assert_trivial=True)` fails the compile otherwise)."""
+    frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
+    dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1"]
+    assert len(frag) == 16 and all(r["shared"] == 0 for r in frag), [(r["variant"], r["shared"]) for r in frag]
+    assert dot and all(r["shared"] > 0 for r in dot)  # the check would see staging
 
 
 def test_fp8_pattern_would_match():

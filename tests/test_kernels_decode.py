@@ -135,6 +135,45 @@ def test_decode_prefetch_gpu(k_name, v_name, D, splits):
     assert ((outs[0].float() - ref).abs() - tol * ref.abs()).max().item() <= tol
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
+                                            ("fp8_e5m2", "fp8_e5m2"), ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_frag_gpu(k_name, v_name, block_size, splits):
+    """The "frag" experiment (codes loaded in the MMA fragment layout, Gluon) against the reference:
+    odd lengths (partial tiles, a 1-token sequence), random block tables, split-K and not."""
+    from kvpack.kernels.decode_attention import plan_decode
+
+    q, lc, meta = build_case(k_name, v_name, [1, 17, 1000, 4099, 257], 32, 8, 128, block_size, device="cuda")
+    assert plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag").variant == "frag"
+    check(k_name, v_name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=128, block_size=block_size, device="cuda",
+          num_splits=splits, variant="frag")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Hq,Hkv", [(8, 8), (16, 1), (12, 4)])
+def test_decode_frag_gpu_group_sizes(Hq, Hkv):
+    """GQA groups of 1, 16 and 3 (padded to the MMA's 16 rows) in the "frag" kernel."""
+    check("int8", "int8", [5, 700, 64], Hq=Hq, Hkv=Hkv, D=128, device="cuda", variant="frag")
+
+
+@pytest.mark.parametrize("k_name,v_name,D,Hq,bs,want", [
+    ("int8", "int8", 128, 4, 16, "frag"), ("fp8_e4m3", "int8-static", 128, 32, 8, "frag"),
+    ("int4", "int4", 128, 4, 16, "dot"), ("int8", "bfloat16", 128, 4, 16, "dot"), ("int8", "int8", 64, 4, 16, "dot"),
+    ("int8", "int8", 128, 34, 16, "dot"), ("int8", "int8", 128, 4, 4, "dot")])
+def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
+    """"frag" covers 8-bit codes on both sides, head_dim 128, GQA groups <= 16 and blocks >= 8 when
+    compiled for a GPU; the plan falls back to "dot" elsewhere, and always in the CPU interpreter."""
+    import kvpack.kernels.decode_attention as da
+
+    q, lc, meta = build_case(k_name, v_name, [3, 40], Hq, 2, D, bs)
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as for a GPU (planning launches nothing)
+    assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == want
+    monkeypatch.setattr(da, "INTERPRET", True)
+    assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == "dot"
+
+
 def test_needs_idx64_reads_strides():
     """int64 indexing when any element offset of a pool tensor (strided views too) reaches 2**31."""
     from types import SimpleNamespace

@@ -9,11 +9,13 @@ With several splits, a second kernel merges the partial (max, sum, acc) triples.
 and a centered V: `kernels.rotate.rotate_heads` forms q @ R before the kernel and out @ R + V mean
 after it (one launch each).
 
-Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=dot|fma|dott, else
-"dot"): "dot" (`_decode_kernel`, tensor cores, described here), "dott" (the same kernel with the
-scores computed as K @ q^T, so the K tile is the MMA's A operand: an experiment) and "fma" (`_fma_decode_kernel`,
+Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=dot|fma|dott|frag,
+else "dot"): "dot" (`_decode_kernel`, tensor cores, described here), "dott" (the same kernel with the
+scores computed as K @ q^T, so the K tile is the MMA's A operand: an experiment), "fma" (`_fma_decode_kernel`,
 quantized K and V only: CUDA-core float32 broadcast-multiply-sums, no shared memory in the loop;
-in `decode_attention_fma`, see the comment there). Both write the same partials for `_merge_kernel`.
+in `decode_attention_fma`, see the comment there) and "frag" (`decode_frag`, Gluon: 8-bit codes
+loaded straight into the MMA fragment layout, no shared memory; an experiment not yet run on a
+GPU). All write the same partials for `_merge_kernel`.
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
 public launcher `decode_paged_attention` are here (the fma names are re-exported from here).
 
@@ -35,6 +37,11 @@ from kvpack.kernels.decode_attention_fma import (  # noqa: F401 (re-exported: te
     FMA_NUM_WARPS, FMA_TOKENS_PER_THREAD, _fma_decode_kernel, _fma_factors, choose_fma_splits, fma_tile,
 )
 from kvpack.kernels.rotate import rotate_heads
+
+try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
+    from kvpack.kernels.decode_frag import _frag_decode_kernel
+except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to "dot"
+    _frag_decode_kernel = None
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
 )
@@ -437,7 +444,14 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         block_n = a * r
         if num_splits is None:
             num_splits = choose_fma_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
-    else:
+    elif variant == "frag" and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
+                                or block_size < 8):
+        variant = "dot"  # outside decode_frag's scope (and Gluon has no CPU interpreter)
+    if variant == "frag":  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
+        block_n, num_warps, num_stages = 64, 1, 1
+        if num_splits is None:
+            num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
+    elif variant != "fma":
         bn, warps, stages = default_tile(kp, vp, D)
         block_n = max(block_n or bn, block_size)
         num_warps = num_warps or warps
@@ -470,7 +484,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
                  num_splits > 1, *k_c[:3], *_fma_factors(kp.fmt.kind), *v_c[:3], *_fma_factors(vp.fmt.kind),
                  INTERPRET, fast_cvt, num_stages]
     else:
-        kernel = _decode_kernel
+        kernel = _frag_decode_kernel if variant == "frag" else _decode_kernel
         args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
         half_pad = triton.next_power_of_2(max(D // 2, 1))
         group_pad = max(16, triton.next_power_of_2(group))
@@ -508,7 +522,7 @@ def decode_paged_attention(
     metadata: `AttentionMetadata` (query_start_loc [B+1], seq_lens [B], block_tables [B, M] int32).
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
     heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
-    instead of the PTX byte permutes (for measuring). variant: "dot" | "fma" (see `choose_variant`;
+    instead of the PTX byte permutes (for measuring). variant: "dot" | "fma" | "dott" | "frag" (see `choose_variant`;
     default: KVPACK_DECODE_VARIANT, else "dot"); for "fma", block_n is rounded down to a multiple
     of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning). index64:
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools

@@ -60,20 +60,24 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(max_splits, want, 128))
 
 
-VARIANTS = ("dot", "fma", "dott")
+VARIANTS = ("dot", "fma", "dott", "frag")
+FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 
 
 def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
-    """"dot" (tensor cores, the default), "fma" (CUDA cores; both sides quantized only) or "dott"
-    ("dot" with the scores computed as K @ q^T: an experiment, every format).
-    `variant` or else the environment variable KVPACK_DECODE_VARIANT picks; a float side
-    always runs "dot"."""
+    """"dot" (tensor cores, the default), "fma" (CUDA cores; both sides quantized only), "dott"
+    ("dot" with the scores computed as K @ q^T: an experiment, every format) or "frag" (codes
+    loaded in the MMA fragment layout, `decode_frag`: an experiment for int8 / FP8 on both sides;
+    `plan_decode` falls back to "dot" outside its scope). `variant` or else the environment
+    variable KVPACK_DECODE_VARIANT picks; a float side always runs "dot"."""
     name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "dot"
     if name not in VARIANTS:
         raise ConfigError(f"decode variant {name!r} (argument or KVPACK_DECODE_VARIANT) is not one of "
                           + ", ".join(VARIANTS))
     if name == "dott":  # "dot" with the scores as K @ q^T (an experiment; every format)
         return name
+    if name == "frag" and not (k_kind in FRAG_KINDS and v_kind in FRAG_KINDS):
+        return "dot"
     if "float" in (k_kind, v_kind):
         return "dot"
     return name

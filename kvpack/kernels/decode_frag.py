@@ -1,0 +1,233 @@
+"""Decode attention with the 8-bit codes loaded straight into the MMA's fragment layout (Gluon).
+
+An experiment (variant "frag", not the default; `choose_variant`): the "dot" kernel is written in
+the Triton language, which cannot choose a load's layout, so every K and V tile is converted to
+fp16 in a load layout and staged through shared memory into the MMA operand layout (STS + LDSM per
+tile). Triton's Gluon dialect states layouts explicitly; here each lane loads exactly the codes of
+its own mma.m16n8k16 fragments and converts them in registers:
+
+- K (B operand of q @ K^T, [k = channel, n = token]): a lane holds, per 8-token n-tile, channels
+  {16 j + 8 h + 2 t + e} of token lane / 4 (t = lane % 4). The head dimension is permuted, for q and
+  K alike (q . k does not change): logical channel 16 j + 8 h + 2 t + e is byte 32 t + 4 j + 2 h + e
+  of the code row, so a lane reads 32 contiguous bytes per token (two 16-byte loads).
+- V (B operand of P @ V, [k = token, n = channel]): a lane holds tokens {16 s + 8 h + 2 t + e} of
+  channels {8 m + lane / 4}; output channels are permuted instead (logical 8 m + nl is byte
+  16 nl + m: 16 contiguous bytes per token, stored back to channel 16 nl + m), and the token pairs
+  that share a 32-bit fragment register are interleaved in registers.
+`convert_layout(..., assert_trivial=True)` makes the compiler prove that neither hand-over moves
+data between lanes.
+
+Scope: int8 and FP8 codes on both sides (per-token or static scales), head_dim 128, one warp, 64-token
+tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
+arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
+compiles it ahead of time (tests/test_kernels_aot.py); the gpu-marked tests compare it with the
+PyTorch reference.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from kvpack.kernels.quant import _ASM_E4M3_F16, _ASM_E5M2_F16, _ASM_INT8_F16, K_FMT_FP8E4M3, K_FMT_INT8
+
+_INT8_F16 = gl.constexpr(_ASM_INT8_F16.value)
+_E4M3_F16 = gl.constexpr(_ASM_E4M3_F16.value)
+_E5M2_F16 = gl.constexpr(_ASM_E5M2_F16.value)
+
+MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+A_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+B_OP = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+ROWS = gl.SliceLayout(1, MMA)  # [GROUP_PAD] per-head vectors (m_i, l_i)
+COLS = gl.SliceLayout(0, MMA)  # [64] per-token vectors (scales, masks)
+# COLS as [8 groups of 8 tokens, 8]: a lane holds tokens 8 j + 2 (lane % 4) + {0, 1} (same elements)
+COLS8 = gl.DistributedLinearLayout(reg_bases=[[0, 1], [1, 0], [2, 0], [4, 0]],
+                                   lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                   warp_bases=[], block_bases=[], shape=[8, 8])
+# K tile as [i 8, nl 8, t 4, b 32]: token 8 i + nl, code byte 32 t + b; lane 4 nl + t
+K_LOAD = gl.BlockedLayout(size_per_thread=[8, 1, 1, 32], threads_per_warp=[1, 8, 4, 1],
+                          warps_per_cta=[1, 1, 1, 1], order=[3, 2, 1, 0])
+# V tile as [s 4, h 2, t 4, e 2, nl 8, m 16]: token 16 s + 8 h + 2 t + e, code byte 16 nl + m; lane 4 nl + t
+V_LOAD = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 16], threads_per_warp=[1, 1, 4, 1, 8, 1],
+                          warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
+
+
+def _dims(layout, rank: int, *keep: int):
+    """The layout of dimensions `keep` of a rank-`rank` layout (nested slices)."""
+    for d in reversed(range(rank)):
+        if d not in keep:
+            layout = gl.SliceLayout(d, layout)
+    return layout
+
+
+K_I, K_NL, K_T, K_B = (_dims(K_LOAD, 4, d) for d in range(4))
+V_S, V_H, V_T, V_E, V_NL, V_M = (_dims(V_LOAD, 6, d) for d in range(6))
+V_SH = _dims(V_LOAD, 6, 0, 1)  # the V tile's 8-token groups as [s 4, h 2]
+COLS8_G = gl.SliceLayout(1, COLS8)
+
+
+@gluon.jit
+def _to_f16(c, FMT: gl.constexpr):
+    """8-bit codes -> float16 (int8: the value; e4m3: value / 256; e5m2: the value), PTX byte moves."""
+    if FMT == K_FMT_INT8:
+        out = gl.inline_asm_elementwise(_INT8_F16, "=r,=r,r", [c], dtype=gl.float16, is_pure=True, pack=4)
+    elif FMT == K_FMT_FP8E4M3:
+        out = gl.inline_asm_elementwise(_E4M3_F16, "=r,=r,r", [c], dtype=gl.float16, is_pure=True, pack=4)
+    else:
+        out = gl.inline_asm_elementwise(_E5M2_F16, "=r,=r,r", [c], dtype=gl.float16, is_pure=True, pack=4)
+    return out
+
+
+@gluon.jit
+def _ld(ptrs, mask, MASKED: gl.constexpr):
+    """gl.load, masked (0 where masked off) only in the split's last, partial tile."""
+    if MASKED:
+        out = gl.load(ptrs, mask=mask, other=0)
+    else:
+        out = gl.load(ptrs)
+    return out
+
+
+@gluon.jit
+def _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
+               kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+               vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+               BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
+               V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
+               IDX64: gl.constexpr, MASKED: gl.constexpr):
+    """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot")."""
+    # ---- K codes in fragment order, scores [16, 64] ----
+    g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
+    blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
+    if IDX64:
+        blk = blk.to(gl.int64)
+    goff = g0 & (BLOCK_SIZE - 1)
+    knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
+    kmask = g0[:, None, None, None] + knl < end
+    krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
+    kt = gl.arange(0, 4, layout=K_T)
+    kb = gl.arange(0, 32, layout=K_B)
+    kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
+    k = gl.permute(gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
+    k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
+    s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
+    # per-token vectors (K and V scales, masks) in the scores' column layout, built as [8 groups, 8]
+    # (the group values move by register renaming, before any stride multiplies: the strides'
+    # divisibility, which the load vectorization needs, survives)
+    nw = gl.arange(0, 8, layout=gl.SliceLayout(0, COLS8))[None, :]
+    ng = gl.convert_layout(g0, COLS8_G, assert_trivial=True)[:, None]
+    nblk = gl.convert_layout(blk, COLS8_G, assert_trivial=True)[:, None]
+    noff = gl.convert_layout(goff, COLS8_G, assert_trivial=True)[:, None] + nw
+    nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), COLS, assert_trivial=True)
+    VTOK: gl.constexpr = not V_STATIC
+    if not K_STATIC:
+        ksr = nblk * k_ss0 + h * k_ss1 + noff * k_ss2
+        ksr = gl.convert_layout(gl.reshape(ksr, [64]), COLS, assert_trivial=True)
+        ks = _ld(ks_ptr + ksr, nmask, MASKED).to(gl.float32)
+        s = s * (ks * qk_scale)[None, :]
+    else:
+        s = s * qk_scale
+    if MASKED:
+        s = gl.where(nmask[None, :], s, -float("inf"))
+    # ---- online softmax (base 2) ----
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    # ---- V codes in fragment order, P @ V [16, 128] (channel 8 m + nl) ----
+    vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
+        + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
+    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
+        + vw < end
+    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
+    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
+    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
+    vnl = gl.arange(0, 8, layout=V_NL)
+    vm = gl.arange(0, 16, layout=V_M)
+    vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
+             vmask, MASKED)
+    v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
+    v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
+    if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
+        vsr = nblk * v_ss0 + h * v_ss1 + noff * v_ss2
+        vsr = gl.convert_layout(gl.reshape(vsr, [64]), COLS, assert_trivial=True)
+        vsc = _ld(vs_ptr + vsr, nmask, MASKED).to(gl.float32)
+        vmax = gl.max(vsc, axis=0)
+        vmax = gl.where(vmax > 0, vmax, 1.0)
+        p = p * (vsc * (1.0 / vmax))[None, :]
+    pa = gl.convert_layout(p.to(gl.float16), A_OP)
+    pv = mma_v2(pa, v, gl.full([16, 128], 0.0, gl.float32, layout=MMA))
+    if VTOK:
+        pv = pv * (vmax * V_FACTOR)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@gluon.jit
+def _frag_decode_kernel(
+    q_ptr, sq_t, sq_h, qsl_ptr, seq_lens_ptr, bt_ptr, s_bt,
+    kc_ptr, ks_ptr, kz_ptr, kst_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+    vc_ptr, vs_ptr, vz_ptr, vst_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+    out_ptr, so_t, so_h, po_ptr, pml_ptr, qk_scale, tokens_per_split,
+    GROUP: gl.constexpr, GROUP_PAD: gl.constexpr, D: gl.constexpr, D_PAD: gl.constexpr,
+    HALF_PAD: gl.constexpr, BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
+    K_FMT: gl.constexpr, K_STATIC: gl.constexpr, K_G: gl.constexpr, K_ALIGNED: gl.constexpr,
+    K_FACTOR: gl.constexpr, K_DT: gl.constexpr,
+    V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_G: gl.constexpr, V_ALIGNED: gl.constexpr,
+    V_FACTOR: gl.constexpr, V_DT: gl.constexpr, INTERPRET: gl.constexpr, FAST: gl.constexpr,
+    SWAP: gl.constexpr = False, IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
+):
+    """`_decode_kernel`'s arguments (zeros, dtypes, SWAP, PREFETCH unused); D == 128, BLOCK_N == 64."""
+    b = gl.program_id(0)
+    h = gl.program_id(1)
+    split = gl.program_id(2)
+    q_row = gl.load(qsl_ptr + b)
+    has_q = gl.load(qsl_ptr + b + 1) > q_row
+    seq_len = gl.load(seq_lens_ptr + b) * has_q.to(gl.int32)
+    start = split * tokens_per_split
+    end = gl.minimum(seq_len, start + tokens_per_split)
+
+    # q [16, 128] as the A operand, channels in the K fragments' order (see the module doc)
+    g = gl.arange(0, 16, layout=gl.SliceLayout(1, A_OP))
+    kk = gl.arange(0, 128, layout=gl.SliceLayout(0, A_OP))
+    phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+    q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
+    q = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32).to(gl.float16)
+    if K_STATIC:
+        qk_scale = qk_scale * gl.load(kst_ptr + h)
+    qk_scale = qk_scale * K_FACTOR
+
+    m_i = gl.full([16], -float("inf"), gl.float32, layout=ROWS)
+    l_i = gl.full([16], 0.0, gl.float32, layout=ROWS)
+    acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
+    bt_row = bt_ptr + b.to(gl.int64) * s_bt
+    full_end = start + gl.maximum(end - start, 0) // 64 * 64
+    for n0 in range(start, full_end, 64):  # whole tiles, unmasked
+        m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
+                                   kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                   vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                   BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False)
+    for n0 in range(full_end, end, 64):  # the split's last, partial tile (at most one)
+        m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
+                                   kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                   vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                   BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, True)
+    if V_STATIC:
+        acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
+
+    # channel 8 m + nl of acc is channel 16 nl + m of the output (see the module doc)
+    rg = gl.arange(0, 16, layout=ROWS)
+    c = gl.arange(0, 128, layout=COLS)
+    c_out = (c & 7) * 16 + (c >> 3)
+    heads = h * GROUP + rg
+    cm = (rg < GROUP)[:, None] & (c_out < 128)[None, :]
+    if not SPLIT:
+        l_safe = gl.where(l_i > 0, l_i, 1.0)[:, None]
+        o_ptr = out_ptr + q_row.to(gl.int64) * so_t + heads[:, None] * so_h + c_out[None, :]
+        gl.store(o_ptr, (acc / l_safe).to(out_ptr.dtype.element_ty), mask=cm & has_q)
+    else:
+        ph = (b * (GROUP * gl.num_programs(1)) + heads).to(gl.int64) * gl.num_programs(2) + split
+        gl.store(po_ptr + ph[:, None] * 128 + c_out[None, :], acc, mask=cm)
+        gl.store(pml_ptr + ph * 2, m_i, mask=rg < GROUP)
+        gl.store(pml_ptr + ph * 2 + 1, l_i, mask=rg < GROUP)
