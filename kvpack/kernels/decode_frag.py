@@ -30,11 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from kvpack.kernels.quant import _ASM_E4M3_F16, _ASM_E5M2_F16, _ASM_INT8_F16, K_FMT_FP8E4M3, K_FMT_INT8
-
-_INT8_F16 = gl.constexpr(_ASM_INT8_F16.value)
-_E4M3_F16 = gl.constexpr(_ASM_E4M3_F16.value)
-_E5M2_F16 = gl.constexpr(_ASM_E5M2_F16.value)
+from kvpack.kernels.quant import K_FMT_INT8, fp8_decode_f16, int8_to_f16
 
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
 A_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -71,11 +67,9 @@ COLS8_G = gl.SliceLayout(1, COLS8)
 def _to_f16(c, FMT: gl.constexpr):
     """8-bit codes -> float16 (int8: the value; e4m3: value / 256; e5m2: the value), PTX byte moves."""
     if FMT == K_FMT_INT8:
-        out = gl.inline_asm_elementwise(_INT8_F16, "=r,=r,r", [c], dtype=gl.float16, is_pure=True, pack=4)
-    elif FMT == K_FMT_FP8E4M3:
-        out = gl.inline_asm_elementwise(_E4M3_F16, "=r,=r,r", [c], dtype=gl.float16, is_pure=True, pack=4)
+        out = int8_to_f16(c)
     else:
-        out = gl.inline_asm_elementwise(_E5M2_F16, "=r,=r,r", [c], dtype=gl.float16, is_pure=True, pack=4)
+        out = fp8_decode_f16(c, FMT)
     return out
 
 
