@@ -83,11 +83,11 @@ def to_device(lc: LayerKVCache, device) -> LayerKVCache:
 
 
 def reference_write_cpu(k, v, lc: LayerKVCache, slots) -> LayerKVCache:
-    """The reference on CPU (IEEE float32 division, as the format defines; torch on CUDA divides
-    by a Python scalar as a multiply by its reciprocal). Each side's storage input (centering and
-    the butterfly rotation: float32 adds, subtracts and one multiply, the same values on any
-    device) is formed by `reference.storage_input`, then goes through the reference quantizer of
-    the same format without rotation or mean."""
+    """The reference on CPU (the float32 arithmetic the format defines, which torch's CPU kernels do
+    exactly). Each side's storage input (centering and the butterfly rotation: float32 adds,
+    subtracts and one multiply, the same values on any device) is formed by
+    `reference.storage_input`, then goes through the reference quantizer of the same format
+    without rotation or mean."""
     def side(x, pool, mean):
         x = reference.storage_input(x, pool, None if mean is None else mean.to(x.device))
         pool = type(pool)(pool.codes, pool.scales, pool.zeros, pool.static_scale,
@@ -173,6 +173,25 @@ def test_write_extreme_values():
 
         write_kv(k, v, lc, slots)
         assert_same_cache(lc, ref)
+
+
+def test_write_multiplies_by_the_reciprocal():
+    """The kernel quantizes as x * (1/s) like the format: static int8 scale 0.640625 on a value where
+    x / s would round to 3 and x * (1/s) rounds to 2 (tests/test_formats.py); fp8 (rotated) the same
+    way, kernel against reference."""
+    from kvpack.kernels import write_kv
+
+    for name in ("int8-static", "fp8_e4m3-static"):
+        lc = LayerKVCache(make_pool(name, 64, 2, 2, 16, "cpu"), make_pool(name, 64, 2, 2, 16, "cpu"))
+        for p in (lc.k, lc.v):
+            p.static_scale.fill_(0.640625)
+        k = torch.full((3, 2, 64), 1.6015626192092896)
+        ref = clone_cache(lc)
+        reference.write_kv(k, k, ref, torch.tensor([0, 1, 2]))
+        write_kv(k, k, lc, torch.tensor([0, 1, 2]))
+        assert_same_cache(lc, ref)
+        if name == "int8-static":
+            assert (lc.k.codes[0, :, :3] == 2).all()
 
 
 @pytest.mark.gpu

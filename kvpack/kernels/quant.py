@@ -7,8 +7,8 @@ instructions; none is emitted here) and under the CPU interpreter.
 
 Stable names (the prefill and decode attention kernels and the cache-write kernel import them):
     round_half_even(x)                 float32 (|x| < 2**22) -> int32, ties to even
-    int8_encode(x, s)                  float32 x, scale s -> int32 codes in [-127, 127]
-    int4_encode(x, m, s)               float32 x, zero m, scale s -> int32 codes in [0, 15]
+    int8_encode(x, r)                  float32 x, r = 1/scale -> int32 codes in [-127, 127]
+    int4_encode(x, m, r)               float32 x, zero m, r = 1/scale -> int32 codes in [0, 15]
     int4_lo(b), int4_hi(b)             packed byte -> int32 low / high nibble (channel j / j + D/2)
     int4_pack(lo, hi)                  two int32 nibbles -> uint8 byte
     fp8_encode(x, FMT)                 float32 -> uint8 code (FMT = FMT_FP8E4M3 or FMT_FP8E5M2)
@@ -77,17 +77,17 @@ def round_half_even(x):
 
 
 @triton.jit
-def int8_encode(x, s):
-    """code = clamp(round_half_even(x / s), -127, 127); x, s float32 (s broadcastable)."""
-    v = tl.math.div_rn(x, s)
+def int8_encode(x, r):
+    """code = clamp(round_half_even(x * r), -127, 127); x, r = 1/s float32 (r broadcastable)."""
+    v = x * r
     v = tl.minimum(tl.maximum(v, -_INT8_QMAX), _INT8_QMAX)  # clamp first: same result, no overflow
     return round_half_even(v)
 
 
 @triton.jit
-def int4_encode(x, m, s):
-    """code = clamp(round_half_even((x - m) / s), 0, 15); x, m, s float32 (m, s broadcastable)."""
-    v = tl.math.div_rn(x - m, s)
+def int4_encode(x, m, r):
+    """code = clamp(round_half_even((x - m) * r), 0, 15); x, m, r = 1/s float32 (m, r broadcastable)."""
+    v = (x - m) * r
     v = tl.minimum(tl.maximum(v, 0.0), _INT4_QMAX)
     return round_half_even(v)
 
