@@ -37,11 +37,6 @@ from kvpack.kernels.decode_attention_fma import (  # noqa: F401 (re-exported: te
     FMA_NUM_WARPS, FMA_TOKENS_PER_THREAD, _fma_decode_kernel, _fma_factors, choose_fma_splits, fma_tile,
 )
 from kvpack.kernels.rotate import rotate_heads
-
-try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
-    from kvpack.kernels.decode_frag import _frag_decode_kernel
-except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to "dot"
-    _frag_decode_kernel = None
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
 )
@@ -49,6 +44,11 @@ from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
     int4_to_f16, int8_to_f16,
 )
+
+try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
+    from kvpack.kernels.decode_frag import _frag_decode_kernel
+except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to "dot"
+    _frag_decode_kernel = None
 
 _LOG2E = 1.4426950408889634
 _INTERPRET_C = tl.constexpr(INTERPRET)
