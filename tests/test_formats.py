@@ -151,17 +151,17 @@ def test_int8_rounding_and_scale_rules():
     codes, s, _ = f.quantize(x)
     s_ref = (x.abs().amax(-1, keepdim=True) / 127).half()
     assert torch.equal(s, s_ref)
-    assert torch.equal(codes, torch.clamp(torch.round(x * (1 / s_ref.float())), -127, 127).to(torch.int8))
+    assert torch.equal(codes, torch.clamp(torch.round(x / s_ref.float()), -127, 127).to(torch.int8))
 
 
-def test_quantizers_multiply_by_the_reciprocal():
-    """The format divides by a scale as x * (1/s), 1/s the correctly rounded float32 reciprocal (one
-    division per scale): here x / s = 2.5000002 would round to 3, x * (1/s) = 2.4999998 rounds to 2."""
+def test_quantizers_divide_exactly():
+    """The format divides by a scale (IEEE float32): here x / s rounds to 2.5000002 -> code 3, where
+    a multiply by the rounded 1/s gives 2.4999998 -> 2 (the kernels divide: `quant.div_by_scale`)."""
     x, s = 1.6015626192092896, 0.640625
-    assert round(float(torch.tensor(x) / torch.tensor(s))) == 3
+    assert round(float(torch.tensor(x) * (1 / torch.tensor(s)))) == 2
     f = resolve_format("int8", head_dim=8, static=True)
     codes, _, _ = f.quantize(torch.full((1, 1, 8), x), static_scale=torch.tensor([s]))
-    assert codes.flatten().tolist() == [2] * 8
+    assert codes.flatten().tolist() == [3] * 8
 
 
 def test_int8_static():
@@ -170,7 +170,7 @@ def test_int8_static():
     x = torch.randn(7, 3, 16) * 3
     codes, scales, zeros = f.quantize(x, static_scale=ss)
     assert scales is None and zeros is None
-    ref = torch.clamp(torch.round(x * (1 / ss[None, :, None])), -127, 127).to(torch.int8)
+    ref = torch.clamp(torch.round(x / ss[None, :, None]), -127, 127).to(torch.int8)
     assert torch.equal(codes, ref) and (codes[:, 0].abs() == 127).any()  # head 0 clamps
     assert torch.equal(f.dequantize(codes, static_scale=ss), ref.float() * ss[None, :, None])
     with pytest.raises(ValueError):
@@ -224,7 +224,7 @@ def test_int4_error_bound(head_dim):
     err = (x - xh).abs().view(300, 2, -1, gs)
     assert (err <= (s32 / 2 + eps)[..., None]).all()
     assert torch.equal(xh[0, 0], torch.zeros(head_dim))
-    ref = torch.clamp(torch.round((xg - m32[..., None]) * (1 / s32[..., None])), 0, 15).view(300, 2, head_dim)
+    ref = torch.clamp(torch.round((xg - m32[..., None]) / s32[..., None]), 0, 15).view(300, 2, head_dim)
     assert torch.equal(unpack_int4(codes).float(), ref)
 
 
@@ -240,7 +240,7 @@ def test_fp8_format_matches_torch(name):
     s_ref = (x.abs().amax(-1, keepdim=True) / f.qmax).half()
     s_ref[s_ref == 0] = 1.0  # fp16 underflow (e5m2: absmax < ~3.4e-3) -> 1
     assert torch.equal(s, s_ref) and z is None
-    y = x * (1 / s_ref.float())
+    y = x / s_ref.float()
     ref = torch.clamp(y, -f.qmax, f.qmax).to(TORCH_FP8[name]).view(torch.uint8)
     assert torch.equal(codes, ref)
     assert torch.equal(f.dequantize(codes, s), fp8_decode(codes, name) * s.float())
@@ -248,7 +248,7 @@ def test_fp8_format_matches_torch(name):
     ss = torch.tensor([0.5, 1.0, 0.001, 3.0])
     codes, s, _ = fs.quantize(x, static_scale=ss)
     assert s is None
-    y = x * (1 / ss[None, :, None])
+    y = x / ss[None, :, None]
     assert torch.equal(codes, torch.clamp(y, -f.qmax, f.qmax).to(TORCH_FP8[name]).view(torch.uint8))
 
 

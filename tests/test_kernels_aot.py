@@ -161,7 +161,9 @@ def compile_all(archs=(80, 86)) -> list[dict]:
             try:
                 ck = triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=opts)
                 ptx = ck.asm["ptx"]
-                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")), f32_fma=ptx.count("fma.rn.f32"),
+                # fused multiply-adds the compiler made (inline PTX ones, e.g. `quant.div_by_scale`, aside)
+                compiled = re.sub(r"// begin inline asm.*?// end inline asm", "", ptx, flags=re.S)
+                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")), f32_fma=compiled.count("fma.rn.f32"),
                            shared=ck.metadata.shared,
                            fp8_cvt=sorted(set(m.group(0) for m in FP8_CVT.finditer(ptx))),
                            target_line=next((ln for ln in ptx.splitlines() if ln.startswith(".target")), ""))
@@ -196,7 +198,8 @@ def test_no_hardware_fp8_conversions(aot_results):
 
 
 def test_cache_write_has_no_fused_multiply_add(aot_results):
-    """The write must round like the reference (x * NORM, then x - m): no mul+add contraction."""
+    """The write must round like the reference (x * NORM, then x - m): no mul+add contraction (its
+    intended fused multiply-adds, `quant.div_by_scale`, are inline PTX and not counted)."""
     writes = [r for r in aot_results if r["variant"].startswith("write")]
     assert writes and all(r["f32_fma"] == 0 for r in writes), [(r["variant"], r["f32_fma"]) for r in writes]
     assert any(r["f32_fma"] > 0 for r in aot_results)  # the count would see one: decode kernels fuse

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -175,10 +176,10 @@ def test_write_extreme_values():
         assert_same_cache(lc, ref)
 
 
-def test_write_multiplies_by_the_reciprocal():
-    """The kernel quantizes as x * (1/s) like the format: static int8 scale 0.640625 on a value where
-    x / s would round to 3 and x * (1/s) rounds to 2 (tests/test_formats.py); fp8 (rotated) the same
-    way, kernel against reference."""
+def test_write_divides_exactly():
+    """The kernel divides like the format (IEEE x / s): static int8 scale 0.640625 on a value where
+    x / s rounds to code 3 and a plain multiply by 1/s would give 2; fp8 (rotated) kernel against
+    reference."""
     from kvpack.kernels import write_kv
 
     for name in ("int8-static", "fp8_e4m3-static"):
@@ -191,7 +192,86 @@ def test_write_multiplies_by_the_reciprocal():
         write_kv(k, k, lc, torch.tensor([0, 1, 2]))
         assert_same_cache(lc, ref)
         if name == "int8-static":
-            assert (lc.k.codes[0, :, :3] == 2).all()
+            assert (lc.k.codes[0, :, :3] == 3).all()
+
+
+def _rn32(v):
+    """An exact rational rounded to the nearest float32 (ties to even; normal range)."""
+    from fractions import Fraction
+
+    if v == 0:
+        return np.float32(0.0)
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1
+    scaled = a / Fraction(2) ** (e - 23)
+    n = scaled.numerator // scaled.denominator
+    rem = scaled - n
+    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1):
+        n += 1
+    return np.float32((1 if v > 0 else -1) * float(n * Fraction(2) ** (e - 23)))
+
+
+def test_div_by_scale_is_the_ieee_quotient():
+    """The GPU path of `quant.div_by_scale` (q = x * r, r = 1/s correctly rounded; e = fma(-q, s, x);
+    fma(e, r, q)), emulated with exact rational fused multiply-adds, equals numpy's IEEE x / s for
+    fp16 scales across the whole range (normal and subnormal) and quotients at, next to and between
+    the rounding ties; a plain x * r misses ~10 % of the exact ties (the check sees that)."""
+    from fractions import Fraction
+
+    def fma(a, b, c):
+        return _rn32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+    rng = np.random.default_rng(0)
+    scales = rng.choice(np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32), 400,
+                        replace=False)
+    checked = plain_wrong = 0
+    for s in scales:
+        r = np.float32(1) / s
+        ties = [np.float32((np.float32(k) + np.float32(0.5)) * s) for k in rng.integers(-130, 130, 4)]
+        xs = ties + [np.nextafter(t, np.float32(np.inf)) for t in ties] + [np.nextafter(t, -np.float32(np.inf))
+                                                                          for t in ties]
+        xs += list((rng.standard_normal(4) * 60 * s).astype(np.float32))
+        for x in xs:
+            want = np.float32(x / s)
+            if x == 0 or not np.isfinite(want) or abs(want) < 1.2e-38:
+                continue
+            q = np.float32(x * r)
+            assert fma(fma(-q, s, x), r, q) == want, (x, s)
+            checked += 1
+            plain_wrong += q != want
+    assert checked > 4000 and plain_wrong > 50, (checked, plain_wrong)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["int8", "int8-static", "int4", "fp8_e4m3", "fp8_e5m2-static"])
+def test_write_gpu_division_ties(name):
+    """On the GPU (`div_by_scale`'s fused multiply-adds) codes equal the reference's IEEE division
+    where x / s lands on or next to a rounding tie (int8; the other formats' scales do not line up
+    with the ties, a general check), over scales from 2**-20 to 2**10."""
+    from kvpack.kernels import write_kv
+
+    gen = torch.Generator().manual_seed(7)
+    D, H, bs, T = 64, 2, 16, 512
+    lc = LayerKVCache(make_pool(name + ("" if "static" in name else "-norot"), D, T // bs + 1, H, bs, "cpu", gen=gen),
+                      make_pool(name + ("" if "static" in name else "-norot"), D, T // bs + 1, H, bs, "cpu", gen=gen))
+    scale = torch.exp2(torch.randint(-20, 11, (T, H, 1), generator=gen).float()) \
+        * (1 + torch.rand(T, H, 1, generator=gen)).half().float()
+    if "static" in name:  # one scale per head
+        scale = scale[:1].expand(T, H, 1).clone()
+    k = ((torch.randint(-120, 120, (T, H, D), generator=gen) + 0.5) * scale).float()
+    k = k + torch.randint(-1, 2, k.shape, generator=gen) * k.abs() * 2**-23  # next to the ties too
+    k[:, :, 0] = 127 * scale[:, :, 0] * 1.0001  # the row maximum: the dynamic scale is ~`scale`
+    if "static" in name:
+        for p in (lc.k, lc.v):
+            p.static_scale.copy_(scale[0, :, 0])
+    v = k.flip(0).contiguous()
+    slots = torch.randperm((T // bs + 1) * bs, generator=gen)[:T]
+    ref = reference_write_cpu(k, v, lc, slots)
+    got = to_device(lc, "cuda")
+    write_kv(k.cuda(), v.cuda(), got, slots.cuda())
+    assert_same_cache(to_device(got, "cpu"), ref)
 
 
 @pytest.mark.gpu

@@ -64,14 +64,6 @@ def dynamic_scale(absmax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(s == 0, torch.ones_like(s), s)
 
 
-def reciprocal(s: torch.Tensor) -> torch.Tensor:
-    """1 / s in float32, correctly rounded: the quantizers multiply by it (x * (1/s)) instead of
-    dividing every element; the kernels compute it with one IEEE division (`div_rn`) per scale.
-    (A tensor divisor: torch turns division by a Python scalar into an inexact reciprocal on CUDA.)"""
-    s = s.float()
-    return torch.ones_like(s) / s
-
-
 class Codec(NamedTuple):
     """quantize(fmt, x, static_scale) -> (codes, scales, zeros);
     dequantize(fmt, codes, scales, zeros, static_scale) -> x."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpack.formats.base import Codec, KVFormat, dynamic_scale, reciprocal, register_codec
+from kvpack.formats.base import Codec, KVFormat, dynamic_scale, register_codec
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,9 @@ def fp8_decode(codes: torch.Tensor, fmt: str | FP8Spec) -> torch.Tensor:
 
 def _quantize(fmt: KVFormat, x: torch.Tensor, static_scale: torch.Tensor | None):
     if fmt.scale_mode == "static":
-        return fp8_encode(x * reciprocal(static_scale)[None, :, None], fmt.kind), None, None
+        return fp8_encode(x / static_scale.float()[None, :, None], fmt.kind), None, None
     s = dynamic_scale(x.abs().amax(dim=-1, keepdim=True), fmt.qmax)  # [N, H, 1] fp16
-    return fp8_encode(x * reciprocal(s), fmt.kind), s, None
+    return fp8_encode(x / s.float(), fmt.kind), s, None
 
 
 def _dequantize(fmt: KVFormat, codes, scales, zeros, static_scale) -> torch.Tensor:

@@ -1,16 +1,14 @@
 """int8 (symmetric) and int4 (asymmetric, packed two per byte) quantization: the reference codecs.
 
-All arithmetic is float32; scales and zero-points are rounded to float16 (`SCALE_DTYPE`) before
-use, and x / s is x * (1/s) with 1/s the correctly rounded float32 reciprocal of that scale
-(`reciprocal`: one division per scale, not per element), so a kernel that loads them from the
-cache computes the same codes.
+All arithmetic is float32 with IEEE division; scales and zero-points are rounded to float16
+(`SCALE_DTYPE`) before use, so a kernel that loads them from the cache computes the same codes.
 
 int8, per (token, head), or per head with a static float32 scale `s`:
-    s = fp16(absmax / 127), s == 0 -> 1;  code = clamp(round_half_even(x * (1/s)), -127, 127);
+    s = fp16(absmax / 127), s == 0 -> 1;  code = clamp(round_half_even(x / s), -127, 127);
     x^ = code * s
 int4, per (token, head, group of `group_size` channels):
     m = fp16(min), s = fp16((max - min) / 15), s == 0 -> 1;
-    code = clamp(round_half_even((x - m) * (1/s)), 0, 15);  x^ = code * s + m
+    code = clamp(round_half_even((x - m) / s), 0, 15);  x^ = code * s + m
     Nibble order (`INT4_NIBBLE_ORDER = "split_half"`): byte j (0 <= j < D/2) holds channel j in
     its low nibble and channel j + D/2 in its high nibble:  byte = c[j] | c[j + D/2] << 4.
 """
@@ -20,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from kvpack.formats.base import (
-    QMAX_INT4, QMAX_INT8, SCALE_DTYPE, Codec, KVFormat, dynamic_scale, reciprocal, register_codec,
+    QMAX_INT4, QMAX_INT8, SCALE_DTYPE, Codec, KVFormat, dynamic_scale, register_codec,
 )
 
 INT4_NIBBLE_ORDER = "split_half"  # byte j = channel j (low nibble) | channel j + D/2 (high nibble)
@@ -53,7 +51,7 @@ def _quantize_int8(fmt: KVFormat, x: torch.Tensor, static_scale: torch.Tensor | 
     else:
         scales = dynamic_scale(x.abs().amax(dim=-1, keepdim=True), QMAX_INT8)  # [N, H, 1]
         s = scales.float()
-    codes = torch.clamp(torch.round(x * reciprocal(s)), INT8_CODE_MIN, INT8_CODE_MAX).to(torch.int8)
+    codes = torch.clamp(torch.round(x / s), INT8_CODE_MIN, INT8_CODE_MAX).to(torch.int8)
     return codes, scales, None
 
 
@@ -76,7 +74,7 @@ def _quantize_int4(fmt: KVFormat, x: torch.Tensor, static_scale: torch.Tensor | 
     n, h, d = x.shape
     scales, zeros = int4_params(x, fmt.group_size)
     xg = x.reshape(n, h, d // fmt.group_size, fmt.group_size)
-    q = torch.round((xg - zeros.float()[..., None]) * reciprocal(scales)[..., None])
+    q = torch.round((xg - zeros.float()[..., None]) / scales.float()[..., None])
     q = torch.clamp(q, INT4_CODE_MIN, INT4_CODE_MAX).to(torch.uint8).view(n, h, d)
     return pack_int4(q), scales, zeros
 

@@ -2,8 +2,8 @@
 
 Grid (cdiv(T, BLOCK_T), Hkv): each program takes BLOCK_T tokens of one kv head, for K and for V.
 Codes, scales and zeros equal `kvpack.attention.reference.write_kv` bit for bit: float32 math with
-x * (1/s) with 1/s one IEEE division (`div_rn`) per scale, scales rounded to float16 before use,
-round-half-even, clamp. Centering
+IEEE division (`div_by_scale`: one `div_rn` per scale for 1/s, then two fused multiply-adds per
+element give the IEEE quotient), scales rounded to float16 before use, round-half-even, clamp. Centering
 (x minus the layer's mean) and the storage rotation run in the kernel as the reference defines them
 (`kvpack.attention.reference.storage_input`): a float32 subtract, then `_hadamard`, the same butterfly
 stages and final multiply as `kvpack.formats.hadamard_transform`. One exception: int4 with a head dim
@@ -24,8 +24,8 @@ from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_encode, fp8_encode_hw, int4_encode,
-    int4_pack, int8_encode,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, div_by_scale, f32_to_bf16_rne, fp8_encode, fp8_encode_hw,
+    int4_encode, int4_pack, int8_encode,
 )
 
 
@@ -40,7 +40,7 @@ def _absmax_scale(x, QMAX: tl.constexpr):
 def _int4_groups(x, scales_ptr, zeros_ptr, s_off, tmask, BT: tl.constexpr, HALF: tl.constexpr,
                  NGH: tl.constexpr, G: tl.constexpr, QMAX: tl.constexpr):
     """int4 group parameters of one half x [BT, HALF] (groups of G inside it): stores fp16 s and m
-    at s_off [BT, NGH] and returns 1/s and m broadcast to [BT, HALF] (float32)."""
+    at s_off [BT, NGH] and returns s, 1/s and m broadcast to [BT, HALF] (float32)."""
     xr = tl.reshape(x, (BT, NGH, G))
     mx = tl.max(xr, axis=2)
     mn = tl.min(xr, axis=2)
@@ -49,9 +49,10 @@ def _int4_groups(x, scales_ptr, zeros_ptr, s_off, tmask, BT: tl.constexpr, HALF:
     m = mn.to(tl.float16)
     tl.store(scales_ptr + s_off, s.to(tl.float16), mask=tmask[:, None])
     tl.store(zeros_ptr + s_off, m, mask=tmask[:, None])
+    s_b = tl.reshape(tl.broadcast_to(s[:, :, None], (BT, NGH, G)), (BT, HALF))
     r_b = tl.reshape(tl.broadcast_to(tl.math.div_rn(1.0, s)[:, :, None], (BT, NGH, G)), (BT, HALF))
     m_b = tl.reshape(tl.broadcast_to(m.to(tl.float32)[:, :, None], (BT, NGH, G)), (BT, HALF))
-    return r_b, m_b
+    return s_b, r_b, m_b
 
 
 @triton.jit
@@ -84,11 +85,13 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
         if HALF == HALF_PAD and HALF % G == 0:  # every group inside one half: reduce [BT, HALF/G, G]
             NGH: tl.constexpr = HALF // G
             gi = tl.arange(0, NGH)
-            r_lo, m_lo = _int4_groups(x_lo, scales_ptr, zeros_ptr, s_row[:, None] + gi[None, :], tmask,
+            s_lo, r_lo, m_lo = _int4_groups(x_lo, scales_ptr, zeros_ptr, s_row[:, None] + gi[None, :], tmask,
                                       BT, HALF, NGH, G, QMAX)
-            r_hi, m_hi = _int4_groups(x_hi, scales_ptr, zeros_ptr, s_row[:, None] + NGH + gi[None, :], tmask,
+            s_hi, r_hi, m_hi = _int4_groups(x_hi, scales_ptr, zeros_ptr, s_row[:, None] + NGH + gi[None, :], tmask,
                                       BT, HALF, NGH, G, QMAX)
         else:  # groups straddle the halves (group = head_dim) or padding: one masked pass per group
+            s_lo = tl.zeros_like(x_lo)
+            s_hi = tl.zeros_like(x_lo)
             r_lo = tl.zeros_like(x_lo)
             r_hi = tl.zeros_like(x_lo)
             m_lo = tl.zeros_like(x_lo)
@@ -105,14 +108,18 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
                 m = mn.to(tl.float16)
                 tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
                 tl.store(zeros_ptr + s_row + g, m, mask=tmask)
-                r = tl.math.div_rn(1.0, s)  # the quantizer multiplies by 1/s
+                r = tl.math.div_rn(1.0, s)
+                s_lo = tl.where(in_lo, s[:, None], s_lo)
+                s_hi = tl.where(in_hi, s[:, None], s_hi)
                 r_lo = tl.where(in_lo, r[:, None], r_lo)
                 r_hi = tl.where(in_hi, r[:, None], r_hi)
                 m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
                 m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
+            s_lo = tl.where(jm, s_lo, 1.0)
+            s_hi = tl.where(jm, s_hi, 1.0)
             r_lo = tl.where(jm, r_lo, 1.0)
             r_hi = tl.where(jm, r_hi, 1.0)
-        packed = int4_pack(int4_encode(x_lo, m_lo, r_lo), int4_encode(x_hi, m_hi, r_hi))
+        packed = int4_pack(int4_encode(x_lo, m_lo, s_lo, r_lo), int4_encode(x_hi, m_hi, s_hi, r_hi))
         tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=jm)
     else:
         d = tl.arange(0, D_PAD)
@@ -130,17 +137,19 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
                 tl.store(c_ptrs, x.to(codes_ptr.dtype.element_ty), mask=dm)
         else:
             if STATIC:
-                r = tl.math.div_rn(1.0, tl.load(static_ptr + h))
+                s = tl.load(static_ptr + h)
+                r = tl.math.div_rn(1.0, s)
             else:
                 s1 = _absmax_scale(x, QMAX)
                 tl.store(scales_ptr + s_row, s1.to(tl.float16), mask=tmask)
-                r = tl.math.div_rn(1.0, s1)[:, None]  # one division per row, a multiply per element
+                s = s1[:, None]
+                r = tl.math.div_rn(1.0, s1)[:, None]  # one division per row; per element: div_by_scale
             if FMT == K_FMT_INT8:
-                code = int8_encode(x, r).to(tl.int8)
+                code = int8_encode(x, s, r).to(tl.int8)
             elif HW_FP8:
-                code = fp8_encode_hw(x * r, FMT)
+                code = fp8_encode_hw(div_by_scale(x, s, r), FMT)
             else:
-                code = fp8_encode(x * r, FMT)
+                code = fp8_encode(div_by_scale(x, s, r), FMT)
             tl.store(c_ptrs, code, mask=dm)
 
 
