@@ -197,16 +197,14 @@ def _frag_decode_kernel(
     acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    for n0 in range(start, full_end, 64):  # whole tiles, unmasked
-        m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
-                                   kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                                   vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                   BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False)
-    for n0 in range(full_end, end, 64):  # the split's last, partial tile (at most one)
-        m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
-                                   kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                                   vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                   BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, True)
+    for phase in gl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
+        lo = start + (full_end - start) * phase
+        hi = full_end + (end - full_end) * phase
+        for n0 in range(lo, hi, 64):
+            m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
+                                       kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                       vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                       BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1)
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 
