@@ -77,15 +77,16 @@ def round_half_even(x):
     return y.to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS
 
 
-# x / s from r = 1 / s (Markstein): q = x r, e = x - q s (exact), q + e r; NaN (x or s infinite) -> q.
+# x / s from r = 1 / s (Markstein): q = x r, e = q s - x (exact), q - e r; NaN (x or s infinite) -> q.
 # Inline PTX, so that these two intended fused multiply-adds stand apart from compiler contractions
 # (the write kernels compile without any: tests/test_kernels_aot.py).
 _ASM_DIV_BY_SCALE = tl.constexpr("""{
 .reg .f32 q, e;
 .reg .pred p;
 mul.rn.f32 q, $1, $3;
-neg.f32 e, q;
-fma.rn.f32 e, e, $2, $1;
+neg.f32 e, $1;
+fma.rn.f32 e, q, $2, e;
+neg.f32 e, e;
 fma.rn.f32 e, e, $3, q;
 testp.notanumber.f32 p, e;
 selp.f32 $0, q, e, p;
@@ -95,9 +96,11 @@ selp.f32 $0, q, e, p;
 @triton.jit
 def div_by_scale(x, s, r):
     """x / s correctly rounded (IEEE division, as the format defines it), given r = div_rn(1, s):
-    q = x * r, then one Markstein correction q + (x - q s) r, both steps fused multiply-adds; the
-    residual x - q s is exact and the corrected quotient is the IEEE one for normal operands (checked
-    against exact rational arithmetic over every fp16 scale: tests/test_kernels_write.py). Three
+    q = x * r, then one Markstein correction q - (q s - x) r, both steps fused multiply-adds; the
+    residual q s - x is exact and the corrected quotient is the IEEE one for normal operands (checked
+    against exact rational arithmetic over every fp16 scale: tests/test_kernels_write.py). The
+    residual is negated (q s - x, not x - q s) so that x = -0 stays -0 (the sum -0 + +0 would be +0,
+    a different FP8 code; the negations are operand modifiers of the SASS FFMA, not instructions). Three
     instructions per element where `div_rn` takes ~9 and a branch; r costs one division per scale.
     Where the correction is NaN (x or s infinite) the quotient is x * r, as x / s there. The CPU
     interpreter's fma rounds twice, so there this divides."""
