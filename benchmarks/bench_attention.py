@@ -242,6 +242,11 @@ TUNE_CONFIGS = [
     # (no shared memory, 200-237 registers; SASS per 64-token tile, sm_90: int8 1633 against dot's
     # 1524, fp8_e4m3 1820 / 1673, int8-static 1345 / 1330): not yet timed; 8-bit formats only.
     ("frag", "frag", {}),
+    # session 6: frag measured 6 % faster than dot at 1024 tokens per program (batch >= 32), 3-15 %
+    # slower at 256-512 (1 x 32768, 8 x 8192). "imma": int8 K codes straight into an int8 MMA with q
+    # as two int8 parts (SASS per 64-token tile, sm_90: int8 1524 -> 1252, int8-static 1330 -> 1037).
+    ("imma", "imma", {}),
+    ("imma-pf1", "imma", {"prefetch": 1}),
     ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
     ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
     ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),

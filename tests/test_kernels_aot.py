@@ -106,6 +106,10 @@ def variants():
             if D == 128 and name in ("bfloat16", "int8", "int4"):  # the swapped-operand experiment
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dott")
                 out.append((f"decode-dott/{name}/D{D}", plan.kernel, plan.args, plan.options))
+            if name in ("int8", "int8-static"):  # int8 K codes straight into an int8 MMA
+                plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="imma")
+                assert plan.variant == "imma", plan.variant
+                out.append((f"decode-imma/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon experiment
                 for splits in (1, 2):
                     plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag")

@@ -17,6 +17,7 @@ import triton.language as tl
 from kvpack.attention import AttentionMetadata, LayerKVCache
 from kvpack.attention import reference
 from kvpack.formats import fp8_decode
+from kvpack.kernels.decode_attention import _split_q_int8
 from kvpack.kernels.quant import (
     K_FMT_FP8E4M3, K_FMT_FP8E5M2, e4m3_sub_f32, fp8_decode_f16, int4_sub_f32, int4_to_f16, int8_sub_f32, int8_to_f16,
 )
@@ -93,6 +94,82 @@ def test_dott_gpu(name, D):
     check(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, device="cuda", variant="dott",
           dtype=torch.bfloat16 if bf16 else torch.float16, atol=1e-2 if bf16 else ATOL,
           rtol=1e-2 if bf16 else RTOL, num_splits=3)
+
+
+@pytest.mark.parametrize("v_name", ["int8", "int8-static", "int4", "fp8_e4m3", "float16"])
+@pytest.mark.parametrize("k_name", ["int8", "int8-static"])
+def test_imma_each_v_format(k_name, v_name):
+    """The "imma" variant (int8 K codes in an int8 MMA, q as two int8 parts): the dot variant's
+    tolerance, one and two splits, a masked last tile."""
+    from kvpack.kernels.decode_attention import plan_decode
+
+    q, lc, meta = build_case(k_name, v_name, [37, 1, 70], 4, 2, 64, 16)
+    want = "dot" if v_name == "float16" else "imma"
+    assert plan_decode(q, lc, meta, 0.1, variant="imma").variant == want
+    for splits in (1, 2):
+        check(k_name, v_name, [37, 1, 70], num_splits=splits, variant="imma")
+
+
+def test_imma_q_split_error_bound():
+    """q with an outlier channel 60x the others (the int8 split's step is the row's absmax / 32258):
+    still within the dot variant's tolerance; and "imma" on a K format other than int8 is "dot"."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    q, lc, meta = build_case("int8", "int8", [70, 33], 4, 2, 64, 16)
+    q[:, :, 5] *= 60
+    ref = reference.paged_attention(q, lc, meta, 0.125).float()
+    out = decode_paged_attention(q, lc, meta, 0.125, num_splits=1, variant="imma").float()
+    assert ((out - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
+    q2, lc2, meta2 = build_case("fp8_e4m3", "int8", [9], 4, 2, 64, 16)
+    assert plan_decode(q2, lc2, meta2, 0.1, variant="imma").variant == "dot"
+
+
+@triton.jit
+def _split_q_kernel(q_ptr, hi_ptr, lo_ptr, st_ptr, R: tl.constexpr, D: tl.constexpr):
+    r = tl.arange(0, R)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + r[:, None] * D + d[None, :])
+    hi, lo, st = _split_q_int8(q)
+    tl.store(hi_ptr + r[:, None] * D + d[None, :], hi)
+    tl.store(lo_ptr + r[:, None] * D + d[None, :], lo)
+    tl.store(st_ptr + r, st)
+
+
+def test_split_q_int8_exact_parts():
+    """`_split_q_int8`: hi, lo in -127..127 and |q - (hi 254 + lo) step| <= step (1/2 + 2**-8) per
+    row (2**-8: float32 rounding of q / step, |q / step| <= 32258 < 2**15, half an ulp 2**-9, twice),
+    on rows with zeros, an outlier and an all-zero row."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(16, 64, generator=gen)
+    q[1, 7] = 300.0
+    q[2] = 0.0
+    q[3, ::2] = 0.0
+    hi = torch.empty(16, 64, dtype=torch.int8)
+    lo = torch.empty(16, 64, dtype=torch.int8)
+    st = torch.empty(16)
+    _split_q_kernel[(1,)](q, hi, lo, st, 16, 64)
+    assert hi.abs().max() <= 127 and lo.abs().max() <= 127
+    back = (hi.int() * 254 + lo.int()).double() * st.double()[:, None]
+    assert ((back - q.double()).abs() <= st.double()[:, None] * (0.5 + 2**-8)).all()
+    assert (st[2] > 0) and (back[2] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("v_name", ["int8", "int8-static", "int4", "fp8_e4m3"])
+@pytest.mark.parametrize("k_name", ["int8", "int8-static"])
+def test_imma_gpu(k_name, v_name, D):
+    """"imma" on the GPU (Llama-8B heads, random block tables, odd lengths, 1 and 3 splits)."""
+    for splits in (1, 3):
+        check(k_name, v_name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, device="cuda", variant="imma",
+              num_splits=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_imma_gpu_block_sizes_default_splits(block_size):
+    check("int8", "int8", [1, 33000, 300], Hq=32, Hkv=8, D=128, device="cuda", variant="imma",
+          block_size=block_size)
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "float16"])

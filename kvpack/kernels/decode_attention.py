@@ -42,7 +42,7 @@ from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benc
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
-    int4_to_f16, int8_to_f16,
+    int4_to_f16, int8_to_f16, round_half_even,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -149,6 +149,23 @@ def _prefetch_side(c_ptr, s_ptr, z_ptr, c_row, s_row, FMT: tl.constexpr, STATIC:
             _prefetch_l2(z_ptr + s_row)
 
 
+_Q_LO_STEPS = tl.constexpr(254)  # q's low part counts steps of (high part's step) / 254
+
+
+@triton.jit
+def _split_q_int8(q):
+    """q [GROUP_PAD, D] float32 -> (hi, lo, step) with q ~= (hi * 254 + lo) * step per row: hi =
+    round(q / (254 step)) in -127..127 (254 step = the row's absmax / 127), lo = round of the
+    remainder in steps, |lo| <= 127. The error is at most step / 2 = absmax / 64516 per element
+    (bf16 q itself carries 2**-9 of each element). Both parts int8, for the "imma" variant."""
+    amax = tl.max(tl.abs(q), axis=1)
+    step = tl.where(amax > 0, amax, 1.0) / (127.0 * _Q_LO_STEPS)
+    hi = round_half_even(q / (step * _Q_LO_STEPS)[:, None])
+    lo = q / step[:, None] - hi.to(tl.float32) * _Q_LO_STEPS
+    lo = round_half_even(tl.minimum(tl.maximum(lo, -127.0), 127.0))
+    return hi.to(tl.int8), lo.to(tl.int8), step
+
+
 @triton.jit
 def _attend_tile(
     n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
@@ -159,7 +176,7 @@ def _attend_tile(
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
     FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, QK8: tl.constexpr, q_s,
 ):
     """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
     SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
@@ -193,13 +210,23 @@ def _attend_tile(
             s = tl.trans(_dot(k_lo.to(K_DT), q_a, K_DT) + _dot(k_hi.to(K_DT), q_b, K_DT))
         else:
             s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
+    elif QK8:  # int8 codes straight into an int8 MMA with q's two int8 parts (see `_split_q_int8`)
+        d = tl.arange(0, D_PAD)
+        k8 = tl.load(kc_ptr + kc_row[:, None] + d[None, :], mask=nmask[:, None] & (d < D)[None, :], other=0)
+        kt = tl.trans(k8)
+        si = tl.dot(q_a, kt, out_dtype=tl.int32) * _Q_LO_STEPS
+        si = tl.dot(q_b, kt, si, out_dtype=tl.int32)
+        s = si.to(tl.float32)  # times q_s (per row, with the softmax scale) in the softmax below
     else:
         k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD, FAST)
         if SWAP:
             s = tl.trans(_dot(k, q_a, K_DT))
         else:
             s = _dot(q_a, tl.trans(k), K_DT)
-    if K_FMT != K_FMT_FLOAT and K_FMT != K_FMT_INT4 and not K_STATIC:
+    if QK8:  # the softmax scale is in q_s
+        if not K_STATIC:
+            s = s * tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    elif K_FMT != K_FMT_FLOAT and K_FMT != K_FMT_INT4 and not K_STATIC:
         # per-token K scales times the softmax scale: one multiply per score
         s = s * (tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32) * qk_scale)[None, :]
     else:
@@ -215,9 +242,13 @@ def _attend_tile(
     vs_row = blk * v_ss0 + h * v_ss1 + off * v_ss2
     VTOK: tl.constexpr = V_FMT != K_FMT_FLOAT and V_FMT != K_FMT_INT4 and not V_STATIC
     # ---- online softmax (base 2) ----
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if QK8:  # scores s * q_s: q_s > 0 scales the row maximum, and joins the exponent's subtraction
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * q_s)
+        p = tl.exp2(s * q_s[:, None] - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     m_i = m_new
     # ---- P @ V ----
@@ -256,6 +287,7 @@ def _decode_kernel(
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
     SWAP: tl.constexpr = False, IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
+    QK8: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -278,8 +310,15 @@ def _decode_kernel(
         q_b = tl.load(q_base + HALF + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
     else:
         d = tl.arange(0, D_PAD)
-        q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32).to(K_DT)
-        q_b = q_a
+        q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
+        if QK8:
+            q_a, q_b, q_s = _split_q_int8(q_a)
+            q_s = q_s * (qk_scale * K_FACTOR * (tl.load(kst_ptr + h) if K_STATIC else 1.0))
+        else:
+            q_a = q_a.to(K_DT)
+            q_b = q_a
+    if not QK8:
+        q_s = qk_scale  # unused
     if SWAP:  # q as the MMA's B operand: [D or D/2, GROUP_PAD]
         q_a = tl.trans(q_a)
         q_b = tl.trans(q_b)
@@ -310,7 +349,7 @@ def _decode_kernel(
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1, PREFETCH)
+                    SWAP, IDX64, phase == 1, PREFETCH, QK8, q_s)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
@@ -320,7 +359,7 @@ def _decode_kernel(
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1, PREFETCH)
+                    SWAP, IDX64, phase == 1, PREFETCH, QK8, q_s)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
@@ -491,7 +530,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
                  *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott",
                  _needs_idx64(kp, vp) if index64 is None else index64,
-                 0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch]
+                 0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
+                 variant == "imma"]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)

@@ -60,7 +60,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(max_splits, want, 128))
 
 
-VARIANTS = ("dot", "fma", "dott", "frag")
+VARIANTS = ("dot", "fma", "dott", "frag", "imma")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 
 
@@ -77,6 +77,8 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     if name == "dott":  # "dot" with the scores as K @ q^T (an experiment; every format)
         return name
     if name == "frag" and not (k_kind in FRAG_KINDS and v_kind in FRAG_KINDS):
+        return "dot"
+    if name == "imma" and k_kind != "int8":
         return "dot"
     if "float" in (k_kind, v_kind):
         return "dot"
