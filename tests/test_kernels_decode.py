@@ -9,6 +9,8 @@ and both outputs are rounded to fp16 (one ulp is 9.8e-4 at magnitude 1-2): |out 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -104,8 +106,8 @@ def test_imma_each_v_format(k_name, v_name):
     from kvpack.kernels.decode_attention import plan_decode
 
     q, lc, meta = build_case(k_name, v_name, [37, 1, 70], 4, 2, 64, 16)
-    want = "dot" if v_name == "float16" else "imma"
-    assert plan_decode(q, lc, meta, 0.1, variant="imma").variant == want
+    assert plan_decode(q, lc, meta, 0.1, variant="imma").variant == "imma"
+    assert plan_decode(q, lc, meta, 0.1).variant == "imma"  # the default for int8 K
     for splits in (1, 2):
         check(k_name, v_name, [37, 1, 70], num_splits=splits, variant="imma")
 
@@ -156,7 +158,7 @@ def test_split_q_int8_exact_parts():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
-@pytest.mark.parametrize("v_name", ["int8", "int8-static", "int4", "fp8_e4m3"])
+@pytest.mark.parametrize("v_name", ["int8", "int8-static", "int4", "fp8_e4m3", "bfloat16"])
 @pytest.mark.parametrize("k_name", ["int8", "int8-static"])
 def test_imma_gpu(k_name, v_name, D):
     """"imma" on the GPU (Llama-8B heads, random block tables, odd lengths, 1 and 3 splits)."""
@@ -249,6 +251,25 @@ def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
     assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == want
     monkeypatch.setattr(da, "INTERPRET", True)
     assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == "dot"
+
+
+@pytest.mark.parametrize("lens,splits,want", [([4096] * 64, None, "frag"), ([2048] * 2, 1, "frag"),
+                                               ([32768], None, "dot"), ([900], 1, "dot")])
+def test_auto_frag_on_long_splits(lens, splits, want, monkeypatch):
+    """"auto" on FP8 K and V: "frag" where a program covers >= FRAG_MIN_TOKENS tokens (few long
+    splits), "dot" on many short splits (measured slower there); always "dot" in the interpreter."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
+    q, lc, meta = build_case("fp8_e4m3", "fp8_e5m2", [5] * len(lens), 32, 8, 128, 16)
+    meta = dataclasses.replace(meta, max_seq_len=max(lens))
+    monkeypatch.setattr(da, "INTERPRET", False)
+    assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == want
+    monkeypatch.setattr(da, "INTERPRET", True)
+    assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == "dot"
 
 
 def test_needs_idx64_reads_strides():
@@ -567,7 +588,11 @@ def test_variant_selection(monkeypatch):
     from kvpack.kernels.decode_attention import _decode_kernel, _fma_decode_kernel, choose_variant, plan_decode
 
     monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
-    assert choose_variant("int8", "int4") == "dot"  # the default until measured
+    assert choose_variant("int8", "int4") == "imma"  # "auto" (measured: results/attention_tune_s6)
+    assert choose_variant("int8", "float") == "imma"
+    assert choose_variant("int4", "int8") == "dot"
+    assert choose_variant("fp8_e4m3", "fp8_e5m2") == "frag?"  # plan_decode decides on the split length
+    assert choose_variant("fp8_e4m3", "int8") == "dot"
     assert choose_variant("int8", "int4", "fma") == "fma"
     assert choose_variant("float", "int8", "fma") == "dot"  # fma needs both sides quantized
     monkeypatch.setenv("KVPACK_DECODE_VARIANT", "fma")

@@ -9,13 +9,15 @@ With several splits, a second kernel merges the partial (max, sum, acc) triples.
 and a centered V: `kernels.rotate.rotate_heads` forms q @ R before the kernel and out @ R + V mean
 after it (one launch each).
 
-Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=dot|fma|dott|frag,
-else "dot"): "dot" (`_decode_kernel`, tensor cores, described here), "dott" (the same kernel with the
+Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|fma|dott|frag,
+else "auto": "imma" for int8 K, "frag" for FP8 K and V with long splits, else "dot"): "dot"
+(`_decode_kernel`, tensor cores, described here), "imma" (the same kernel with int8 K codes fed to
+an int8 MMA: q split into two int8 parts, `_split_q_int8`), "dott" (the same kernel with the
 scores computed as K @ q^T, so the K tile is the MMA's A operand: an experiment), "fma" (`_fma_decode_kernel`,
 quantized K and V only: CUDA-core float32 broadcast-multiply-sums, no shared memory in the loop;
 in `decode_attention_fma`, see the comment there) and "frag" (`decode_frag`, Gluon: 8-bit codes
-loaded straight into the MMA fragment layout, no shared memory; an experiment not yet run on a
-GPU). All write the same partials for `_merge_kernel`.
+loaded straight into the MMA fragment layout, no shared memory). All write the same partials for
+`_merge_kernel`.
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
 public launcher `decode_paged_attention` are here (the fma names are re-exported from here).
 
@@ -38,7 +40,7 @@ from kvpack.kernels.decode_attention_fma import (  # noqa: F401 (re-exported: te
 )
 from kvpack.kernels.rotate import rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
+    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
@@ -483,9 +485,13 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         block_n = a * r
         if num_splits is None:
             num_splits = choose_fma_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
-    elif variant == "frag" and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
-                                or block_size < 8):
+    elif variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
+                                           or block_size < 8):
         variant = "dot"  # outside decode_frag's scope (and Gluon has no CPU interpreter)
+    if variant == "frag?":  # "auto" on FP8: "frag" with >= FRAG_MIN_TOKENS tokens per program
+        splits = num_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
+        per_split = triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
+        variant = "frag" if per_split >= FRAG_MIN_TOKENS else "dot"
     if variant == "frag":  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
@@ -562,8 +568,8 @@ def decode_paged_attention(
     metadata: `AttentionMetadata` (query_start_loc [B+1], seq_lens [B], block_tables [B, M] int32).
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
     heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
-    instead of the PTX byte permutes (for measuring). variant: "dot" | "fma" | "dott" | "frag" (see `choose_variant`;
-    default: KVPACK_DECODE_VARIANT, else "dot"); for "fma", block_n is rounded down to a multiple
+    instead of the PTX byte permutes (for measuring). variant: "auto" | "dot" | "imma" | "fma" | "dott" | "frag"
+    (see `choose_variant`; default: KVPACK_DECODE_VARIANT, else "auto"); for "fma", block_n is rounded down to a multiple
     of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning). index64:
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
     whose offsets can reach 2**31, `_needs_idx64`). prefetch: L2 prefetch distance in tiles of
