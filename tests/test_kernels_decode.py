@@ -19,9 +19,9 @@ import triton.language as tl
 from kvpack.attention import AttentionMetadata, LayerKVCache
 from kvpack.attention import reference
 from kvpack.formats import fp8_decode
-from kvpack.kernels.decode_attention import _split_q_int8
 from kvpack.kernels.quant import (
     K_FMT_FP8E4M3, K_FMT_FP8E5M2, e4m3_sub_f32, fp8_decode_f16, int4_sub_f32, int4_to_f16, int8_sub_f32, int8_to_f16,
+    split_q_int8,
 )
 from tests.test_kernels_write import make_pool
 
@@ -131,14 +131,14 @@ def _split_q_kernel(q_ptr, hi_ptr, lo_ptr, st_ptr, R: tl.constexpr, D: tl.conste
     r = tl.arange(0, R)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + r[:, None] * D + d[None, :])
-    hi, lo, st = _split_q_int8(q)
+    hi, lo, st = split_q_int8(q)
     tl.store(hi_ptr + r[:, None] * D + d[None, :], hi)
     tl.store(lo_ptr + r[:, None] * D + d[None, :], lo)
     tl.store(st_ptr + r, st)
 
 
 def test_split_q_int8_exact_parts():
-    """`_split_q_int8`: hi, lo in -127..127 and |q - (hi 254 + lo) step| <= step (1/2 + 2**-8) per
+    """`split_q_int8`: hi, lo in -127..127 and |q - (hi 254 + lo) step| <= step (1/2 + 2**-8) per
     row (2**-8: float32 rounding of q / step, |q / step| <= 32258 < 2**15, half an ulp 2**-9, twice),
     on rows with zeros, an outlier and an all-zero row."""
     gen = torch.Generator().manual_seed(3)

@@ -12,7 +12,7 @@ after it (one launch each).
 Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|fma|dott|frag,
 else "auto": "imma" for int8 K, "frag" for FP8 K and V with long splits, else "dot"): "dot"
 (`_decode_kernel`, tensor cores, described here), "imma" (the same kernel with int8 K codes fed to
-an int8 MMA: q split into two int8 parts, `_split_q_int8`), "dott" (the same kernel with the
+an int8 MMA: q split into two int8 parts, `split_q_int8`), "dott" (the same kernel with the
 scores computed as K @ q^T, so the K tile is the MMA's A operand: an experiment), "fma" (`_fma_decode_kernel`,
 quantized K and V only: CUDA-core float32 broadcast-multiply-sums, no shared memory in the loop;
 in `decode_attention_fma`, see the comment there) and "frag" (`decode_frag`, Gluon: 8-bit codes
@@ -44,7 +44,7 @@ from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benc
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
-    int4_to_f16, int8_to_f16, round_half_even,
+    int4_to_f16, int8_to_f16, Q_LO_STEPS, split_q_int8,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -151,23 +151,6 @@ def _prefetch_side(c_ptr, s_ptr, z_ptr, c_row, s_row, FMT: tl.constexpr, STATIC:
             _prefetch_l2(z_ptr + s_row)
 
 
-_Q_LO_STEPS = tl.constexpr(254)  # q's low part counts steps of (high part's step) / 254
-
-
-@triton.jit
-def _split_q_int8(q):
-    """q [GROUP_PAD, D] float32 -> (hi, lo, step) with q ~= (hi * 254 + lo) * step per row: hi =
-    round(q / (254 step)) in -127..127 (254 step = the row's absmax / 127), lo = round of the
-    remainder in steps, |lo| <= 127. The error is at most step / 2 = absmax / 64516 per element
-    (bf16 q itself carries 2**-9 of each element). Both parts int8, for the "imma" variant."""
-    amax = tl.max(tl.abs(q), axis=1)
-    step = tl.where(amax > 0, amax, 1.0) / (127.0 * _Q_LO_STEPS)
-    hi = round_half_even(q / (step * _Q_LO_STEPS)[:, None])
-    lo = q / step[:, None] - hi.to(tl.float32) * _Q_LO_STEPS
-    lo = round_half_even(tl.minimum(tl.maximum(lo, -127.0), 127.0))
-    return hi.to(tl.int8), lo.to(tl.int8), step
-
-
 @triton.jit
 def _attend_tile(
     n0, end, h, bt_row, q_a, q_b, qk_scale, m_i, l_i, acc_a, acc_b,
@@ -212,11 +195,11 @@ def _attend_tile(
             s = tl.trans(_dot(k_lo.to(K_DT), q_a, K_DT) + _dot(k_hi.to(K_DT), q_b, K_DT))
         else:
             s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
-    elif QK8:  # int8 codes straight into an int8 MMA with q's two int8 parts (see `_split_q_int8`)
+    elif QK8:  # int8 codes straight into an int8 MMA with q's two int8 parts (see `split_q_int8`)
         d = tl.arange(0, D_PAD)
         k8 = tl.load(kc_ptr + kc_row[:, None] + d[None, :], mask=nmask[:, None] & (d < D)[None, :], other=0)
         kt = tl.trans(k8)
-        si = tl.dot(q_a, kt, out_dtype=tl.int32) * _Q_LO_STEPS
+        si = tl.dot(q_a, kt, out_dtype=tl.int32) * Q_LO_STEPS
         si = tl.dot(q_b, kt, si, out_dtype=tl.int32)
         s = si.to(tl.float32)  # times q_s (per row, with the softmax scale) in the softmax below
     else:
@@ -314,7 +297,7 @@ def _decode_kernel(
         d = tl.arange(0, D_PAD)
         q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
         if QK8:
-            q_a, q_b, q_s = _split_q_int8(q_a)
+            q_a, q_b, q_s = split_q_int8(q_a)
             q_s = q_s * (qk_scale * K_FACTOR * (tl.load(kst_ptr + h) if K_STATIC else 1.0))
         else:
             q_a = q_a.to(K_DT)

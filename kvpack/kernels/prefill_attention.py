@@ -44,8 +44,8 @@ from kvpack.kernels.prefill_launch import (  # noqa: F401 (re-exported: the publ
     TileConfig, build_tile_map, pick_tile_config, prefill_paged_attention,
 )
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_f16_factor,
-    int4_to_f16, int8_to_f16,
+    INTERPRET, K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, K_FMT_INT8, Q_LO_STEPS, fp8_decode_f16,
+    fp8_f16_factor, int4_to_f16, int8_to_f16, split_q_int8,
 )
 
 
@@ -211,7 +211,7 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
             K_GS: tl.constexpr, V_GS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
             MASKED: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr, F32: tl.constexpr,
-            CARRY: tl.constexpr):
+            CARRY: tl.constexpr, QK8: tl.constexpr, q_lo, q_s):
     """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks).
 
     CARRY: blk and the K/V scale data (`_tile_scales`) are this tile's, and the next tile's are
@@ -233,14 +233,27 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
         vs0, vs1, vz0, vz1 = _tile_scales(
             vs_ptr, vz_ptr, blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
             V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD)
-    k, k_col = _load_kv_tile(kc_ptr, blk * s_kcb + kvh * s_kch + off * s_kct, n_mask,
-                             ks0, ks1, kz0, kz1, K_FMT, K_TOKEN, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_K)
-    s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
-    s = s * (k_col * qk_scale)
+    if QK8:  # int8 codes straight into int8 MMAs with q's two int8 parts (q, q_lo; `split_q_int8`)
+        d = tl.arange(0, D_PAD)
+        kt = tl.trans(_ld(kc_ptr + (blk * s_kcb + kvh * s_kch + off * s_kct)[:, None] + d[None, :],
+                          (d < HEAD_DIM)[None, :] & n_mask[:, None], 0, MASKED or (HEAD_DIM != D_PAD)))
+        si = tl.dot(q, kt, out_dtype=tl.int32) * Q_LO_STEPS
+        s = tl.dot(q_lo, kt, si, out_dtype=tl.int32).to(tl.float32)
+        if K_TOKEN:  # q_s (per row) carries the softmax scale: applied in the exponent below
+            s = s * ks0.to(tl.float32)[None, :]
+    else:
+        k, k_col = _load_kv_tile(kc_ptr, blk * s_kcb + kvh * s_kch + off * s_kct, n_mask,
+                                 ks0, ks1, kz0, kz1, K_FMT, K_TOKEN, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_K)
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
+        s = s * (k_col * qk_scale)
     if MASKED:
         s = tl.where((pos_n[None, :] <= pos_m[:, None]) & n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
+    if QK8:  # scores s * q_s, q_s > 0 per row
+        m_new = tl.maximum(m_i, tl.max(s, 1) * q_s)
+        p = tl.math.exp2(s * q_s[:, None] - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
@@ -273,6 +286,7 @@ def _prefill_attn_kernel(
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr,
     Q_SHIFT: tl.constexpr, F32: tl.constexpr, CARRY: tl.constexpr, INTERPRET: tl.constexpr,
+    QK8: tl.constexpr = False,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
     # Rotated sides: q arrives as q @ R and the output leaves in the rotated basis (the launcher).
@@ -303,9 +317,15 @@ def _prefill_attn_kernel(
         e = tl.maximum(tl.ceil(tl.log2(tl.max(tl.max(tl.abs(qf), 1), 0))) - 15.0, 0.0).to(tl.int32)
         q = qf * ((127 - e) << 23).to(tl.float32, bitcast=True)
         qk_scale = qk_scale * ((127 + e) << 23).to(tl.float32, bitcast=True)
-    q = q.to(DT_K)
     if K_MODE == 2:
         qk_scale = qk_scale * tl.load(kss_ptr + kvh)
+    if QK8:  # int8 K: q as two int8 parts, the step (with the softmax scale) per row
+        q, q_lo, q_s = split_q_int8(q.to(tl.float32))
+        q_s = q_s * qk_scale
+    else:
+        q = q.to(DT_K)
+        q_lo = q
+        q_s = qk_scale
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -333,7 +353,7 @@ def _prefill_attn_kernel(
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY, QK8, q_lo, q_s)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
@@ -343,7 +363,7 @@ def _prefill_attn_kernel(
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY, QK8, q_lo, q_s)
 
     inv_l = 1.0 / l_i
     if V_MODE == 2:

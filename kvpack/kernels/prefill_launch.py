@@ -7,6 +7,7 @@ built on the device), per-pool launch arguments and the launcher
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kvpack.config import KVPackError
-from kvpack.formats import FMT_FLOAT
+from kvpack.formats import FMT_FLOAT, FMT_INT8
 from kvpack.kernels.quant import INTERPRET
 from kvpack.kernels.rotate import rotate_heads
 
@@ -197,6 +198,7 @@ def prefill_paged_attention(
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
         Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
         F32=dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
+        QK8=k_fmt == FMT_INT8 and dtype != torch.float32 and os.environ.get("KVPACK_PREFILL_QK8", "1") != "0",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if o is not out:

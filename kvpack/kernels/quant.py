@@ -8,6 +8,7 @@ instructions; none is emitted here) and under the CPU interpreter.
 Stable names (the prefill and decode attention kernels and the cache-write kernel import them):
     round_half_even(x)                 float32 (|x| < 2**22) -> int32, ties to even
     div_by_scale(x, s, r)              fl(x / s) from r = fl(1 / s): two fused multiply-adds
+    split_q_int8(q)                    float32 rows -> two int8 parts and a step per row (int8 MMAs)
     int8_encode(x, s, r)               float32 x, scale s (r = 1/s) -> int32 codes in [-127, 127]
     int4_encode(x, m, s, r)            float32 x, zero m, scale s (r = 1/s) -> int32 codes in [0, 15]
     int4_lo(b), int4_hi(b)             packed byte -> int32 low / high nibble (channel j / j + D/2)
@@ -75,6 +76,24 @@ def round_half_even(x):
     """float32 -> int32, round to nearest, ties to even (IEEE add in the default mode); |x| < 2**22."""
     y = x + _RNE_MAGIC
     return y.to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS
+
+
+Q_LO_STEPS = tl.constexpr(254)  # q's low part counts steps of (high part's step) / 254
+
+
+@triton.jit
+def split_q_int8(q):
+    """q [GROUP_PAD, D] float32 -> (hi, lo, step) with q ~= (hi * 254 + lo) * step per row: hi =
+    round(q / (254 step)) in -127..127 (254 step = the row's absmax / 127), lo = round of the
+    remainder in steps, |lo| <= 127. The error is at most step / 2 = absmax / 64516 per element
+    (bf16 q itself carries 2**-9 of each element). Both parts int8: the scores of an int8 K come from int8 MMAs (decode "imma", prefill).
+    """
+    amax = tl.max(tl.abs(q), axis=1)
+    step = tl.where(amax > 0, amax, 1.0) / (127.0 * Q_LO_STEPS)
+    hi = round_half_even(q / (step * Q_LO_STEPS)[:, None])
+    lo = q / step[:, None] - hi.to(tl.float32) * Q_LO_STEPS
+    lo = round_half_even(tl.minimum(tl.maximum(lo, -127.0), 127.0))
+    return hi.to(tl.int8), lo.to(tl.int8), step
 
 
 # x / s from r = 1 / s (Markstein): q = x r, e = q s - x (exact), q - e r; NaN (x or s infinite) -> q.
