@@ -122,6 +122,19 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
     return ptrs, strides, fmt.kernel_id, mode, gs
 
 
+def _use_qk8(k_fmt: int, k_mode: int, dtype: torch.dtype) -> bool:
+    """int8 K scores from int8 MMAs (q in two int8 parts): by default for static-scale int8 K only.
+    Measured on an H200 (results/prefill_s6; 2048-token chunks on 0-8k prefixes, Llama-8B heads):
+    int8-static 1.00-1.03x kvpack bf16 with it, 1.11-1.18x without; dynamic int8 1.40-1.50x with
+    it, 1.19-1.28x without (its per-token scales then multiply the score tile, whose layout makes
+    every thread load 16 scales and their block ids per tile). KVPACK_PREFILL_QK8=1 forces it for
+    dynamic int8 too, =0 turns it off."""
+    if k_fmt != FMT_INT8 or dtype == torch.float32:
+        return False
+    env = os.environ.get("KVPACK_PREFILL_QK8", "")
+    return env == "1" if env in ("0", "1") else k_mode == 2
+
+
 def prefill_paged_attention(
     q: torch.Tensor,
     layer_cache: LayerKVCache,
@@ -198,7 +211,7 @@ def prefill_paged_attention(
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
         Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
         F32=dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
-        QK8=k_fmt == FMT_INT8 and dtype != torch.float32 and os.environ.get("KVPACK_PREFILL_QK8", "1") != "0",
+        QK8=_use_qk8(k_fmt, k_mode, dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if o is not out:
