@@ -220,8 +220,9 @@ GPU_FORMATS = ["bfloat16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 @pytest.mark.parametrize("v_name,static", [("int8", False), ("int4", False), ("float16", False),
                                            ("int8", True), ("fp8_e5m2", True), ("float16", True)])
 def test_int8_k_int8_mma_both_ways(v_name, static, qk8, monkeypatch):
-    """int8 K scores by int8 MMAs (q in two int8 parts; the default for static scales) and by fp16
-    MMAs (the default for dynamic ones): both within the fp16-operand tolerance, bf16 q too."""
+    """int8 K scores by int8 MMAs (q in two int8 parts; the default) and by fp16 MMAs: both within
+    the fp16-operand tolerance, bf16 q too; KV tiles of 16 tokens over blocks of 16 (the dynamic
+    scales' gather path) and over blocks of 32 (per-token scale loads)."""
     from kvpack.kernels.prefill_launch import _use_qk8
 
     monkeypatch.setenv("KVPACK_PREFILL_QK8", qk8)
@@ -230,13 +231,16 @@ def test_int8_k_int8_mma_both_ways(v_name, static, qk8, monkeypatch):
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
     out, ref = run_case("int8", v_name, static=static, dtype=torch.bfloat16, seed=6, **MIXED)
     torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+    out, ref = run_case("int8", v_name, static=static, dtype=torch.float16, seed=7, block_size=32, **MIXED)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
 def test_qk8_default_scope(monkeypatch):
     from kvpack.kernels.prefill_launch import _use_qk8
 
     monkeypatch.delenv("KVPACK_PREFILL_QK8", raising=False)
-    assert _use_qk8(1, 2, torch.bfloat16) and not _use_qk8(1, 1, torch.bfloat16)
+    assert _use_qk8(1, 2, torch.bfloat16) and _use_qk8(1, 1, torch.bfloat16, 64, 16)
+    assert not _use_qk8(1, 1, torch.bfloat16, 16, 32) and _use_qk8(1, 2, torch.bfloat16, 16, 32)
     assert not _use_qk8(1, 2, torch.float32) and not _use_qk8(3, 2, torch.bfloat16)
 
 

@@ -122,17 +122,20 @@ def _pool_args(pool: CachePool) -> tuple[list, list, int, int, int]:
     return ptrs, strides, fmt.kernel_id, mode, gs
 
 
-def _use_qk8(k_fmt: int, k_mode: int, dtype: torch.dtype) -> bool:
-    """int8 K scores from int8 MMAs (q in two int8 parts): by default for static-scale int8 K only.
-    Measured on an H200 (results/prefill_s6; 2048-token chunks on 0-8k prefixes, Llama-8B heads):
-    int8-static 1.00-1.03x kvpack bf16 with it, 1.11-1.18x without; dynamic int8 1.40-1.50x with
-    it, 1.19-1.28x without (its per-token scales then multiply the score tile, whose layout makes
-    every thread load 16 scales and their block ids per tile). KVPACK_PREFILL_QK8=1 forces it for
-    dynamic int8 too, =0 turns it off."""
+def _use_qk8(k_fmt: int, k_mode: int, dtype: torch.dtype, block_n: int = 64, block_size: int = 16) -> bool:
+    """int8 K scores from int8 MMAs (q in two int8 parts, `quant.split_q_int8`), measured on an H200
+    (results/prefill_s6; 2048-token chunks on 0-8k prefixes, Llama-8B heads, of kvpack bf16):
+    int8-static 1.00-1.03x with them, 1.11-1.18x without; dynamic int8 1.15-1.18x with them (its
+    per-token scales gathered into the score layout), 1.18-1.28x without. Dynamic scales need
+    whole cache blocks per KV tile (block_n % block_size == 0) for that gather; otherwise they
+    would load in the score layout (1.40-1.50x), so that case keeps fp16 MMAs. Not for float32 q
+    (fp32 operands). KVPACK_PREFILL_QK8=0 / =1 turns it off / forces it."""
     if k_fmt != FMT_INT8 or dtype == torch.float32:
         return False
     env = os.environ.get("KVPACK_PREFILL_QK8", "")
-    return env == "1" if env in ("0", "1") else k_mode == 2
+    if env in ("0", "1"):
+        return env == "1"
+    return k_mode == 2 or block_n % block_size == 0
 
 
 def prefill_paged_attention(
@@ -211,7 +214,7 @@ def prefill_paged_attention(
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
         Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
         F32=dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
-        QK8=_use_qk8(k_fmt, k_mode, dtype),
+        QK8=_use_qk8(k_fmt, k_mode, dtype, cfg.block_n, kp.block_size),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if o is not out:
