@@ -11,9 +11,9 @@ to torch SDPA (cuDNN and flash backends) on the same context stored contiguously
 the same run; then cache-write throughput per format. Block tables are random permutations.
 Writes JSON, a markdown table and a PNG plot to --out, with GPU, driver, torch, triton, commit and
 the command line. `--check` compares every kernel with the PyTorch reference first. `--tune`
-sweeps the decode variants (dot / fma) and their tile/warp/stage/split choices for the quantized
-formats (TUNE_CONFIGS), printing every measurement and a summary table (tune.json, tune.md).
-KVPACK_DECODE_VARIANT=fma runs the whole benchmark on the fma variant.
+sweeps the decode variants (auto / dot / imma / frag) and their tile/warp/stage/split choices for
+the quantized formats (TUNE_CONFIGS), printing every measurement and a summary table (tune.json,
+tune.md). KVPACK_DECODE_VARIANT=dot (or imma, frag) runs the whole benchmark on that variant.
 """
 
 from __future__ import annotations
@@ -181,17 +181,16 @@ def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -
 # --tune: decode kernel variants, tiles, warps, stages and splits for the quantized formats, in one
 # run (an estimate, not yet timed: 5-8 minutes on an H200 with the default shapes and formats,
 # mostly compiling; --budget-s stops it and keeps what it measured). Each entry: (name, variant,
-# kwargs for decode_paged_attention); "A" is the fma tile's tokens per thread (block_n = A * rows,
-# see kernels.decode_attention.fma_tile). Ordered by priority: the first entries run on every case
-# before the next entry starts.
+# kwargs for decode_paged_attention). Ordered by priority: the first entries run on every case
+# before the next entry starts. Sessions 3-5 also swept "fma" (CUDA-core dot products) and "dott"
+# (scores as K @ q^T) configs; neither variant won since session 4 and both were removed in session 6
+# (their rows: results/attention_tune*/ up to _s5).
 TUNE_CONFIGS = [
-    ("dot", "dot", {}),  # the current default (the heuristics in plan_decode)
+    ("auto", "auto", {}),  # the default (plan_decode's variant choice and heuristics)
+    ("dot", "dot", {}),  # fp16 MMAs with the default tile (the baseline of "dot default us")
     ("dot-r128", "dot", {"maxnreg": 128}),  # ncu: int8 runs 2 CTAs/SM, limited by 200 registers
     ("dot-r168", "dot", {"maxnreg": 168}),
     ("dot-bn64-r128", "dot", {"block_n": 64, "maxnreg": 128}),
-    ("dott", "dott", {}),  # scores as K @ q^T: the K tile is the MMA's A operand
-    ("dott-nocvt", "dott", {"fast_cvt": False}),  # plain Triton casts (hoistable into the operand load)
-    ("dott-bn256-w8", "dott", {"block_n": 256, "num_warps": 8}),
     ("dot-nocvt", "dot", {"fast_cvt": False}),
     ("dot-bn256-w4", "dot", {"block_n": 256, "num_warps": 4}),
     ("dot-bn256-w8", "dot", {"block_n": 256, "num_warps": 8}),
@@ -214,7 +213,6 @@ TUNE_CONFIGS = [
     ("dot-bn64-w1", "dot", {"block_n": 64, "num_warps": 1}),
     ("dot-bn32-w1-s3", "dot", {"block_n": 32, "num_warps": 1, "num_stages": 3}),
     ("dot-bn32-w1-s1", "dot", {"block_n": 32, "num_warps": 1, "num_stages": 1}),
-    ("dott-bn32-w1", "dott", {"block_n": 32, "num_warps": 1}),
     ("dot-bn64-w1-s1", "dot", {"block_n": 64, "num_warps": 1, "num_stages": 1}),
     ("dot-bn16-w1-s1", "dot", {"block_n": 16, "num_warps": 1, "num_stages": 1}),
     # then dot-bn64-w1-s1 won every quantized case (0.60-0.90x bf16); its neighbours:
@@ -247,15 +245,6 @@ TUNE_CONFIGS = [
     # as two int8 parts (SASS per 64-token tile, sm_90: int8 1524 -> 1252, int8-static 1330 -> 1037).
     ("imma", "imma", {}),
     ("imma-pf1", "imma", {"prefetch": 1}),
-    ("fma-a8-w4", "fma", {"A": 8, "num_warps": 4}),  # the fma default for 8-bit formats
-    ("fma-a4-w4", "fma", {"A": 4, "num_warps": 4}),  # the fma default with int4
-    ("fma-a8-w8", "fma", {"A": 8, "num_warps": 8}),
-    ("fma-a4-w8", "fma", {"A": 4, "num_warps": 8}),
-    ("fma-a8-w4-r168", "fma", {"A": 8, "num_warps": 4, "maxnreg": 168}),  # 3 CTAs/SM, some spills
-    ("fma-a4-w4-r128", "fma", {"A": 4, "num_warps": 4, "maxnreg": 128}),  # 4 CTAs/SM, more spills
-    ("fma-a2-w4", "fma", {"A": 2, "num_warps": 4}),
-    ("fma-a8-w4-noasm", "fma", {"A": 8, "num_warps": 4, "fast_cvt": False}),  # integer ops, no inline PTX
-    ("fma-a8-w4-st2", "fma", {"A": 8, "num_warps": 4, "num_stages": 2}),  # Triton's smem pipeliner
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]
@@ -265,25 +254,20 @@ TARGETS = {"int8": 0.55, "int8-static": 0.55, "fp8_e4m3": 0.60, "fp8_e5m2": 0.60
 
 def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -> tuple[dict, int]:
     """decode_paged_attention kwargs (without num_splits) and the heuristic split count."""
-    from kvpack.kernels.decode_attention import choose_fma_splits, choose_num_splits, default_tile, fma_tile
+    from kvpack.kernels.decode_attention import choose_num_splits, default_tile
 
-    kw = {k: v for k, v in cfg.items() if k != "A"}
-    if variant == "fma":
-        int4 = "int4" in (lc.k.fmt.kind, lc.v.fmt.kind)
-        _, _, _, rows = fma_tile(shape.head_dim, None, cfg["num_warps"], int4)
-        kw["block_n"] = cfg["A"] * rows
-        base = choose_fma_splits(shape.batch, shape.hkv, shape.context, kw["block_n"], dev)
-    else:  # the split count the launcher would pick for this tile (default_tile where cfg is silent)
-        bn, nw, _ = default_tile(lc.k, lc.v, shape.head_dim)
-        base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", bn), dev,
-                                 kw.get("num_warps", nw), shape.head_dim)
+    kw = dict(cfg)
+    # the split count the launcher would pick for this tile (default_tile where cfg is silent)
+    bn, nw, _ = default_tile(lc.k, lc.v, shape.head_dim)
+    base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", bn), dev,
+                             kw.get("num_warps", nw), shape.head_dim)
     return kw, base
 
 
 def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path: str | None = None,
          configs=None, split_mults=(0.5, 1, 2)) -> list[dict]:
     """Every config of TUNE_CONFIGS (or the names in `configs`) on every (shape, format) at splits
-    base * split_mults (base: the launcher's heuristic); each fma result is checked against the dot output. bf16 (dot,
+    base * split_mults (base: the launcher's heuristic); each result is checked against the dot output. bf16 (dot,
     default) is timed per shape as the baseline. Rows go to out_path after every config."""
     from kvpack.kernels.decode_attention import decode_paged_attention
 
@@ -459,7 +443,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 shapes, shorter timing")
     ap.add_argument("--check", action="store_true", help="compare each kernel with the reference first")
     ap.add_argument("--tune", action="store_true",
-                    help="sweep variant (dot/fma) x tile x warps x stages x splits for the quantized formats instead")
+                    help="sweep variant (auto/dot/imma/frag) x tile x warps x stages x splits for the quantized formats instead")
     ap.add_argument("--tune-configs", default=None, help="--tune: comma-separated TUNE_CONFIGS names")
     ap.add_argument("--tune-splits", default="1,2", help="--tune: split multipliers of the heuristic (0.5,1,2)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="--tune: stop after this many seconds")

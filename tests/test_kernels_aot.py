@@ -103,21 +103,15 @@ def variants():
                 out.append((f"decode/{name}/D{D}/splits{splits}", _decode_kernel, plan.args, plan.options))
                 if plan.merge_args is not None and name == "int8":
                     out.append(("merge", _merge_kernel, plan.merge_args, {}))
-            if D == 128 and name in ("bfloat16", "int8", "int4"):  # the swapped-operand experiment
-                plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dott")
-                out.append((f"decode-dott/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if name in ("int8", "int8-static"):  # int8 K codes straight into an int8 MMA
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="imma")
                 assert plan.variant == "imma", plan.variant
                 out.append((f"decode-imma/{name}/D{D}", plan.kernel, plan.args, plan.options))
-            if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon experiment
+            if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon, fragment-layout loads
                 for splits in (1, 2):
                     plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag")
                     assert plan.variant == "frag", plan.variant
                     out.append((f"decode-frag/{name}/D{D}/splits{splits}", plan.kernel, plan.args, plan.options))
-            if name != "bfloat16":  # the CUDA-core decode variant (quantized K and V only)
-                plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="fma")
-                out.append((f"decode-fma/{name}/D{D}", plan.kernel, plan.args, plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)

@@ -20,8 +20,7 @@ from kvpack.attention import AttentionMetadata, LayerKVCache
 from kvpack.attention import reference
 from kvpack.formats import fp8_decode
 from kvpack.kernels.quant import (
-    K_FMT_FP8E4M3, K_FMT_FP8E5M2, e4m3_sub_f32, fp8_decode_f16, int4_sub_f32, int4_to_f16, int8_sub_f32, int8_to_f16,
-    split_q_int8,
+    K_FMT_FP8E4M3, K_FMT_FP8E5M2, fp8_decode_f16, int4_to_f16, int8_to_f16, split_q_int8,
 )
 from tests.test_kernels_write import make_pool
 
@@ -80,22 +79,6 @@ FORMATS = ["float16", "float32", "int8", "int8-static", "int4", "fp8_e4m3", "fp8
 @pytest.mark.parametrize("name", FORMATS)
 def test_decode_each_format(name):
     check(name, name, [37, 1, 70], num_splits=1)
-
-
-@pytest.mark.parametrize("name", ["float16", "int8", "int8-static", "int4", "fp8_e4m3"])
-def test_dott_each_format(name):
-    """The "dott" variant (scores as K @ q^T, an experiment): the dot variant's tolerance."""
-    check(name, name, [37, 1, 70], num_splits=2, variant="dott")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("name", ["bfloat16", "int8", "int4", "fp8_e4m3", "int8-static"])
-def test_dott_gpu(name, D):
-    bf16 = name == "bfloat16"
-    check(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, device="cuda", variant="dott",
-          dtype=torch.bfloat16 if bf16 else torch.float16, atol=1e-2 if bf16 else ATOL,
-          rtol=1e-2 if bf16 else RTOL, num_splits=3)
 
 
 @pytest.mark.parametrize("v_name", ["int8", "int8-static", "int4", "fp8_e4m3", "float16"])
@@ -485,107 +468,10 @@ def test_fp8_f16_asm_bits_every_code(name):
                 assert got & 0x7C00 == 0x7C00 and got & 0x3FF, (pos, c, hex(got))
 
 
-# ---- the CUDA-core ("fma") variant -----------------------------------------------------------
-# Every product and sum is float32 there (codes are exact float32 operands), so with float32 q and
-# output it matches the float32 reference to ~1e-6; FMA_ATOL / FMA_RTOL leave ~30x room and
-# sit well below what fp16 dot operands give (the dot path misses them by 10-100x).
-FMA_ATOL = 2e-5
-FMA_RTOL = 2e-5
-FMA_FORMATS = ["int8", "int8-static", "int4", "int4-norot", "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2",
-               "fp8_e5m2-static"]
-
-
-def check_fma(k_name, v_name, seq_lens, Hq=4, Hkv=2, D=64, block_size=16, num_splits=None,
-              dtype=torch.float32, variant="fma", device="cpu", group_size=32, **kw):
-    q, lc, meta = build_case(k_name, v_name, seq_lens, Hq, Hkv, D, block_size, dtype=dtype, device=device,
-                             group_size=group_size)
-    scale = D ** -0.5
-    ref = reference.paged_attention(q, lc, meta, scale).float()
-    from kvpack.kernels.decode_attention import decode_paged_attention
-
-    out = decode_paged_attention(q, lc, meta, scale, num_splits=num_splits, variant=variant, **kw)
-    assert out.dtype == q.dtype and out.shape == q.shape
-    atol, rtol = (FMA_ATOL, FMA_RTOL) if dtype == torch.float32 else (ATOL, RTOL)
-    err = ((out.float() - ref).abs() - rtol * ref.abs()).max().item()
-    assert err <= atol, f"fma {k_name}/{v_name} D={D} bs={block_size} splits={num_splits} {kw}: {err:.2e}"
-    return err
-
-
-@pytest.mark.parametrize("name", FMA_FORMATS)
-def test_fma_each_format(name):
-    check_fma(name, name, [37, 1, 70], num_splits=1)
-
-
-@pytest.mark.parametrize("name,splits", [("int8", 2), ("int4", 5), ("fp8_e4m3-static", 3), ("fp8_e5m2", 2)])
-def test_fma_split_k(name, splits):
-    check_fma(name, name, [150, 17, 3, 1], num_splits=splits, block_n=32)
-
-
-@pytest.mark.parametrize("k_name,v_name", [("int8", "int4"), ("int4", "fp8_e5m2"), ("fp8_e4m3", "int8-static"),
-                                           ("int4-norot", "int8"), ("fp8_e5m2-static", "fp8_e4m3")])
-def test_fma_mixed_formats(k_name, v_name):
-    check_fma(k_name, v_name, [45, 33], num_splits=2)
-
-
-@pytest.mark.parametrize("group,Hkv", [(1, 2), (3, 1), (4, 2), (8, 1)])
-def test_fma_gqa_ratios(group, Hkv):
-    check_fma("int8", "int4", [29, 64], Hq=group * Hkv, Hkv=Hkv)
-    check_fma("fp8_e4m3", "int8", [7], Hq=group * Hkv, Hkv=Hkv, num_splits=1)
-
-
-@pytest.mark.parametrize("D", [64, 80, 128])
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_fma_head_dims_block_sizes(D, block_size):
-    check_fma("int4", "fp8_e4m3", [40, 5], D=D, block_size=block_size, num_splits=2)
-    check_fma("int8", "int4", [33], D=D, block_size=block_size, num_splits=1, group_size=16)
-
-
-@pytest.mark.parametrize("block_n,num_warps", [(8, 1), (64, 2), (1024, 1), (None, 8)])
-def test_fma_tile_shapes(block_n, num_warps):
-    """One token per thread; two warps; A = 128 tokens per thread (> block size: per-token block
-    lookups); the default tile at 8 warps (the tile is larger than the sequences)."""
-    check_fma("int8", "int4", [150, 17, 3], block_n=block_n, num_warps=num_warps, num_splits=2)
-
-
-def test_fma_one_token_and_heuristic_splits():
-    check_fma("int8", "int8", [1])
-    check_fma("fp8_e5m2", "int4", [300, 1, 2], num_splits=None, block_n=16)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fma_half_q(dtype):
-    """q and the output in fp16 / bf16: the existing tolerance (bf16: one output ulp, 1e-2)."""
-    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {}
-    q, lc, meta = build_case("int4", "int8", [70, 9], 8, 2, 64, 16, dtype=dtype)
-    ref = reference.paged_attention(q, lc, meta, 0.125).float()
-    from kvpack.kernels.decode_attention import decode_paged_attention
-
-    out = decode_paged_attention(q, lc, meta, 0.125, num_splits=2, variant="fma")
-    assert out.dtype == dtype
-    err = ((out.float() - ref).abs() - tol.get("rtol", RTOL) * ref.abs()).max().item()
-    assert err <= tol.get("atol", ATOL), err
-
-
-@pytest.mark.parametrize("side,what", [("k", "codes"), ("v", "codes"), ("k", "scales"), ("v", "zeros")])
-def test_fma_detects_wrong_cache(side, what):
-    """The comparison can fail: one corrupted code, scale or zero-point trips it."""
-    q, lc, meta = build_case("int8" if side == "k" else "int4", "int4", [20], 4, 2, 64, 16, dtype=torch.float32)
-    from kvpack.kernels.decode_attention import decode_paged_attention
-
-    ref = reference.paged_attention(q, lc, meta, 0.125).float()
-    blk = int(meta.block_tables[0, 0])
-    t = getattr(getattr(lc, side), what)
-    if what == "codes":
-        t[blk, :, 3] = 100
-    else:
-        t[blk, :, 3] = 0.5
-    out = decode_paged_attention(q, lc, meta, 0.125, num_splits=1, variant="fma").float()
-    assert (out - ref).abs().max().item() > 10 * FMA_ATOL
-
-
+# ---- variant selection -----------------------------------------------------------------------
 def test_variant_selection(monkeypatch):
     from kvpack.config import ConfigError
-    from kvpack.kernels.decode_attention import _decode_kernel, _fma_decode_kernel, choose_variant, plan_decode
+    from kvpack.kernels.decode_attention import _decode_kernel, choose_variant, plan_decode
 
     monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
     assert choose_variant("int8", "int4") == "imma"  # "auto" (measured: results/attention_tune_s6)
@@ -593,89 +479,24 @@ def test_variant_selection(monkeypatch):
     assert choose_variant("int4", "int8") == "dot"
     assert choose_variant("fp8_e4m3", "fp8_e5m2") == "frag?"  # plan_decode decides on the split length
     assert choose_variant("fp8_e4m3", "int8") == "dot"
-    assert choose_variant("int8", "int4", "fma") == "fma"
-    assert choose_variant("float", "int8", "fma") == "dot"  # fma needs both sides quantized
-    monkeypatch.setenv("KVPACK_DECODE_VARIANT", "fma")
-    assert choose_variant("int8", "fp8_e5m2") == "fma"
-    assert choose_variant("int8", "int8", "dot") == "dot"  # an explicit argument wins
+    assert choose_variant("int4", "int4", "imma") == "dot"  # imma needs int8 K
+    assert choose_variant("float", "int8", "frag") == "dot"  # frag needs 8-bit codes on both sides
+    monkeypatch.setenv("KVPACK_DECODE_VARIANT", "dot")
+    assert choose_variant("int8", "fp8_e5m2") == "dot"
+    assert choose_variant("int8", "int8", "imma") == "imma"  # an explicit argument wins
     q, lc, meta = build_case("int8", "int4", [20], 4, 2, 64, 16)
-    assert plan_decode(q, lc, meta, 0.1).kernel is _fma_decode_kernel
-    assert plan_decode(q, lc, meta, 0.1, variant="dot").kernel is _decode_kernel
-    monkeypatch.setenv("KVPACK_DECODE_VARIANT", "fast")
-    with pytest.raises(ConfigError, match="KVPACK_DECODE_VARIANT"):
-        choose_variant("int8", "int8")
+    assert plan_decode(q, lc, meta, 0.1).variant == "dot"
+    assert plan_decode(q, lc, meta, 0.1, variant="imma").kernel is _decode_kernel
+    for gone in ("fast", "fma", "dott"):  # the last two: removed in session 6
+        monkeypatch.setenv("KVPACK_DECODE_VARIANT", gone)
+        with pytest.raises(ConfigError, match="KVPACK_DECODE_VARIANT"):
+            choose_variant("int8", "int8")
 
 
-@pytest.mark.parametrize("variant", ["dot", "fma"])
+@pytest.mark.parametrize("variant", ["dot", "imma"])
 def test_decode_empty_batch(variant):
     from kvpack.kernels.decode_attention import decode_paged_attention
 
     q, lc, _ = build_case("int8", "int4", [5], 4, 2, 64, 16)
     out = decode_paged_attention(q[:0], lc, AttentionMetadata.build([], [], [], 16), 0.1, variant=variant)
     assert out.shape == (0, 4, 64) and out.dtype == q.dtype
-
-
-def test_fma_split_heuristic():
-    from kvpack.kernels.decode_attention import choose_fma_splits
-
-    dev = torch.device("cpu")  # 4 "SMs" on CPU: 16 programs wanted
-    assert choose_fma_splits(16, 1, 4096, 128, dev) == 1
-    assert choose_fma_splits(1, 2, 4096, 128, dev) == 8
-    assert choose_fma_splits(1, 2, 300, 128, dev) == 2  # >= 2 tiles per split
-
-
-GPU_FMA_FORMATS = ["int8", "int8-static", "int4", "fp8_e4m3", "fp8_e4m3-static", "fp8_e5m2"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 80, 128, 256])
-@pytest.mark.parametrize("name", GPU_FMA_FORMATS)
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_fma_gpu_large(name, D, block_size):
-    check_fma(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=D, block_size=block_size, device="cuda")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", GPU_FMA_FORMATS)
-def test_fma_gpu_no_asm(name):
-    """fast_cvt=False: the integer-op conversions instead of the inline PTX."""
-    check_fma(name, name, [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=128, device="cuda", fast_cvt=False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_n,num_warps,splits", [(None, 4, None), (256, 8, 3), (64, 4, 1), (512, 4, 2)])
-def test_fma_gpu_tiles(block_n, num_warps, splits):
-    check_fma("int8", "int4", [1, 17, 1000, 4099, 257], Hq=32, Hkv=8, D=128, device="cuda", block_n=block_n,
-              num_warps=num_warps, num_splits=splits)
-
-
-@triton.jit
-def _sub_conv_kernel(c_ptr, o_ptr, ASM: tl.constexpr):
-    i = tl.arange(0, 256)
-    c = tl.load(c_ptr + i)
-    tl.store(o_ptr + i, int8_sub_f32(c.to(tl.int8, bitcast=True), ASM))
-    lo, hi = int4_sub_f32(c, ASM)
-    tl.store(o_ptr + 256 + i, lo)
-    tl.store(o_ptr + 512 + i, hi)
-    tl.store(o_ptr + 768 + i, e4m3_sub_f32(c, ASM))
-
-
-@pytest.mark.parametrize("asm", [True, False])
-def test_sub_f32_conversions_every_code(asm):
-    """quant.int8_sub_f32 / int4_sub_f32 / e4m3_sub_f32 on all 256 byte values: the float32 bit patterns
-    are (code + 128), the nibbles, and e4m3 values * 2**-120 (torch's decode; its NaN codes excepted).
-    The GPU runs the inline PTX with asm=True; the interpreter always the integer-op path."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(dev)
-    out = torch.empty(4 * 256, dtype=torch.float32, device=dev)
-    _sub_conv_kernel[(1,)](codes, out, asm)
-    bits = out.cpu().view(torch.int32)
-    c = torch.arange(256)
-    assert torch.equal(bits[:256], c.to(torch.uint8).view(torch.int8).int() + 128)
-    assert torch.equal(bits[256:512], (c & 15).int())
-    assert torch.equal(bits[512:768], (c >> 4).int())
-    ref = fp8_decode(c.to(torch.uint8), "fp8_e4m3").double() * 2.0 ** -120
-    got = out.cpu()[768:].double()
-    finite = ref.isfinite()
-    assert (~finite).sum() == 2 and torch.equal(got[finite], ref[finite])
-    assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite]))

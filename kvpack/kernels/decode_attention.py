@@ -9,17 +9,16 @@ With several splits, a second kernel merges the partial (max, sum, acc) triples.
 and a centered V: `kernels.rotate.rotate_heads` forms q @ R before the kernel and out @ R + V mean
 after it (one launch each).
 
-Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|fma|dott|frag,
+Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|frag,
 else "auto": "imma" for int8 K, "frag" for FP8 K and V with long splits, else "dot"): "dot"
 (`_decode_kernel`, tensor cores, described here), "imma" (the same kernel with int8 K codes fed to
-an int8 MMA: q split into two int8 parts, `split_q_int8`), "dott" (the same kernel with the
-scores computed as K @ q^T, so the K tile is the MMA's A operand: an experiment), "fma" (`_fma_decode_kernel`,
-quantized K and V only: CUDA-core float32 broadcast-multiply-sums, no shared memory in the loop;
-in `decode_attention_fma`, see the comment there) and "frag" (`decode_frag`, Gluon: 8-bit codes
+an int8 MMA: q split into two int8 parts, `split_q_int8`) and "frag" (`decode_frag`, Gluon: 8-bit codes
 loaded straight into the MMA fragment layout, no shared memory). All write the same partials for
 `_merge_kernel`.
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
-public launcher `decode_paged_attention` are here (the fma names are re-exported from here).
+public launcher `decode_paged_attention` are here. (Sessions 3-5 also had "fma", CUDA-core dot
+products, and "dott", scores as K @ q^T; neither won a tune round since session 4: removed in
+session 6, results/attention_tune_s4/ has their last numbers.)
 
 Dot operands (input_precision stated): float caches use their own dtype (bf16/fp16; fp32 caches
 use fp32 operands with input_precision="ieee"); quantized caches are decoded exactly into fp16
@@ -35,9 +34,6 @@ import triton
 import triton.language as tl
 
 from kvpack.attention.kv_cache import LayerKVCache
-from kvpack.kernels.decode_attention_fma import (  # noqa: F401 (re-exported: tests, benchmarks)
-    FMA_NUM_WARPS, FMA_TOKENS_PER_THREAD, _fma_decode_kernel, _fma_factors, choose_fma_splits, fma_tile,
-)
 from kvpack.kernels.rotate import rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
@@ -160,12 +156,12 @@ def _attend_tile(
     BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
     K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
-    FAST: tl.constexpr, SWAP: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
+    FAST: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
     PREFETCH: tl.constexpr, QK8: tl.constexpr, q_s,
 ):
     """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
-    SWAP ("dott" variant): the scores are computed as K @ q^T (the K tile as the MMA's A operand,
-    q_a / q_b passed transposed, [D, GROUP_PAD]) and transposed back. PREFETCH > 0: once this tile's
+    QK8 ("imma"): q_a, q_b are q's int8 parts and q_s its per-row step times the softmax scale
+    (`split_q_int8`); the int8 K tile feeds int8 MMAs. PREFETCH > 0: once this tile's
     K has arrived, ask L2 for the K and V rows (codes, scales, zeros) of the tile PREFETCH tiles
     ahead (clamped to the split's tokens), so that its loads wait on L2 rather than DRAM; a
     one-warp program issues its loads one tile at a time and otherwise waits for DRAM each tile."""
@@ -191,10 +187,7 @@ def _attend_tile(
     if K_FMT == K_FMT_INT4:
         k_lo, k_hi = _load_int4(kc_ptr, ks_ptr, kz_ptr, kc_row, ks_row, nmask, D, HALF_PAD, K_G,
                                 K_ALIGNED, BLOCK_N, FAST)
-        if SWAP:
-            s = tl.trans(_dot(k_lo.to(K_DT), q_a, K_DT) + _dot(k_hi.to(K_DT), q_b, K_DT))
-        else:
-            s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
+        s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
     elif QK8:  # int8 codes straight into an int8 MMA with q's two int8 parts (see `split_q_int8`)
         d = tl.arange(0, D_PAD)
         k8 = tl.load(kc_ptr + kc_row[:, None] + d[None, :], mask=nmask[:, None] & (d < D)[None, :], other=0)
@@ -204,10 +197,7 @@ def _attend_tile(
         s = si.to(tl.float32)  # times q_s (per row, with the softmax scale) in the softmax below
     else:
         k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD, FAST)
-        if SWAP:
-            s = tl.trans(_dot(k, q_a, K_DT))
-        else:
-            s = _dot(q_a, tl.trans(k), K_DT)
+        s = _dot(q_a, tl.trans(k), K_DT)
     if QK8:  # the softmax scale is in q_s
         if not K_STATIC:
             s = s * tl.load(ks_ptr + ks_row, mask=nmask, other=0.0).to(tl.float32)[None, :]
@@ -271,7 +261,7 @@ def _decode_kernel(
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
-    SWAP: tl.constexpr = False, IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
+    IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     QK8: tl.constexpr = False,
 ):
     b = tl.program_id(0)
@@ -304,9 +294,6 @@ def _decode_kernel(
             q_b = q_a
     if not QK8:
         q_s = qk_scale  # unused
-    if SWAP:  # q as the MMA's B operand: [D or D/2, GROUP_PAD]
-        q_a = tl.trans(q_a)
-        q_b = tl.trans(q_b)
     if K_STATIC:
         qk_scale = qk_scale * tl.load(kst_ptr + h)
     qk_scale = qk_scale * K_FACTOR
@@ -334,7 +321,7 @@ def _decode_kernel(
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1, PREFETCH, QK8, q_s)
+                    IDX64, phase == 1, PREFETCH, QK8, q_s)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
@@ -344,7 +331,7 @@ def _decode_kernel(
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
-                    SWAP, IDX64, phase == 1, PREFETCH, QK8, q_s)
+                    IDX64, phase == 1, PREFETCH, QK8, q_s)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
@@ -459,16 +446,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     alloc = torch.empty if T == B else torch.zeros
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
 
-    if variant == "fma":
-        for p in (kp, vp):  # the kernel takes the code rows and scale entries as contiguous
-            assert p.codes.stride(-1) == 1 and (p.scales is None or p.scales.stride(-1) == 1), p.fmt
-        num_warps = num_warps or FMA_NUM_WARPS
-        num_stages = num_stages or 1
-        cpt, nch, a, r = fma_tile(D, block_n, num_warps, "int4" in (kp.fmt.kind, vp.fmt.kind))
-        block_n = a * r
-        if num_splits is None:
-            num_splits = choose_fma_splits(B, Hkv, metadata.max_seq_len, block_n, dev)
-    elif variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
+    if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
                                            or block_size < 8):
         variant = "dot"  # outside decode_frag's scope (and Gluon has no CPU interpreter)
     if variant == "frag?":  # "auto" on FP8: "frag" with >= FRAG_MIN_TOKENS tokens per program
@@ -479,7 +457,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
             num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
-    elif variant != "fma":
+    else:
         bn, warps, stages = default_tile(kp, vp, D)
         block_n = max(block_n or bn, block_size)
         num_warps = num_warps or warps
@@ -503,24 +481,15 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
-    if variant == "fma":  # the codes' token stride is compile-time (immediate load offsets)
-        kernel = _fma_decode_kernel
-        args += [*k_t[:6], *k_t[7:], *v_t[:6], *v_t[7:], out, out.stride(0), out.stride(1), po, pml,
-                 float(scale) * _LOG2E, tokens_per_split, k_t[6], v_t[6]]
-        # per side: FMT, STATIC, G, FACTOR (the dot kernel's ALIGNED and DT are not used)
-        args += [group, triton.next_power_of_2(group), D, nch, cpt, nch * cpt != D, a, r, block_size,
-                 num_splits > 1, *k_c[:3], *_fma_factors(kp.fmt.kind), *v_c[:3], *_fma_factors(vp.fmt.kind),
-                 INTERPRET, fast_cvt, num_stages]
-    else:
-        kernel = _frag_decode_kernel if variant == "frag" else _decode_kernel
-        args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
-        half_pad = triton.next_power_of_2(max(D // 2, 1))
-        group_pad = max(16, triton.next_power_of_2(group))
-        args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
-                 *k_c, *v_c, INTERPRET, fast_cvt, variant == "dott",
-                 _needs_idx64(kp, vp) if index64 is None else index64,
-                 0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
-                 variant == "imma"]
+    kernel = _frag_decode_kernel if variant == "frag" else _decode_kernel
+    args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
+    half_pad = triton.next_power_of_2(max(D // 2, 1))
+    group_pad = max(16, triton.next_power_of_2(group))
+    args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
+             *k_c, *v_c, INTERPRET, fast_cvt,
+             _needs_idx64(kp, vp) if index64 is None else index64,
+             0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
+             variant == "imma"]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
@@ -551,9 +520,9 @@ def decode_paged_attention(
     metadata: `AttentionMetadata` (query_start_loc [B+1], seq_lens [B], block_tables [B, M] int32).
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
     heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
-    instead of the PTX byte permutes (for measuring). variant: "auto" | "dot" | "imma" | "fma" | "dott" | "frag"
-    (see `choose_variant`; default: KVPACK_DECODE_VARIANT, else "auto"); for "fma", block_n is rounded down to a multiple
-    of the tile's rows (`fma_tile`). maxnreg caps ptxas' registers per thread (tuning). index64:
+    instead of the PTX byte permutes (for measuring). variant: "auto" | "dot" | "imma" | "frag"
+    (see `choose_variant`; default: KVPACK_DECODE_VARIANT, else "auto"). maxnreg caps ptxas'
+    registers per thread (tuning). index64:
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
     whose offsets can reach 2**31, `_needs_idx64`). prefetch: L2 prefetch distance in tiles of
     the "dot" kernel (0: none; default: `default_tile`; the CPU interpreter has no inline PTX: 0).

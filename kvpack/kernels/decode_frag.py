@@ -171,10 +171,10 @@ def _frag_decode_kernel(
     K_FACTOR: gl.constexpr, K_DT: gl.constexpr,
     V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_G: gl.constexpr, V_ALIGNED: gl.constexpr,
     V_FACTOR: gl.constexpr, V_DT: gl.constexpr, INTERPRET: gl.constexpr, FAST: gl.constexpr,
-    SWAP: gl.constexpr = False, IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
+    IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False,
 ):
-    """`_decode_kernel`'s arguments (zeros, dtypes, SWAP, PREFETCH, QK8 unused); D == 128, BLOCK_N == 64."""
+    """`_decode_kernel`'s arguments (zeros, dtypes, PREFETCH, QK8 unused); D == 128, BLOCK_N == 64."""
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)

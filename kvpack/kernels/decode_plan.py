@@ -1,4 +1,4 @@
-"""Host-side pieces shared by both decode variants (`decode_attention`, `decode_attention_fma`):
+"""Host-side pieces of the decode kernels (`decode_attention`, `decode_frag`):
 SM count, rotations, per-pool launch arguments, split and variant heuristics, the `DecodePlan`."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(max_splits, want, 128))
 
 
-VARIANTS = ("auto", "dot", "fma", "dott", "frag", "imma")
+VARIANTS = ("auto", "dot", "imma", "frag")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
 FRAG_MIN_TOKENS = 1024  # "auto" runs "frag" at >= this many tokens per program (split)
@@ -71,12 +71,11 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     else "auto". "auto" (measured on an H200, results/attention_tune_s6): "imma" for int8 K (8-14 %
     faster than "dot"), "frag" for FP8 K and V where `plan_decode` finds its scope and >= 1024
     tokens per program (5-13 % faster; slower with fewer), else "dot". The others: "dot" (tensor
-    cores, fp16 operands), "imma" ("dot" with the scores from an int8 MMA: int8 K only), "fma"
-    (CUDA cores; both sides quantized only), "dott" ("dot" with the scores computed as K @ q^T: an
-    experiment, every format), "frag" (codes loaded in the MMA fragment layout, `decode_frag`:
-    8-bit codes on both sides; `plan_decode` falls back to "dot" outside its scope). A float side
-    runs "dot" except under "dott" and an int8 K's "imma". Returns the variant, or "frag?" ("auto" on
-    FP8: `plan_decode` decides between "frag" and "dot" once it knows the split length)."""
+    cores, fp16 operands), "imma" ("dot" with the scores from an int8 MMA: int8 K only, else "dot"),
+    "frag" (codes loaded in the MMA fragment layout, `decode_frag`: 8-bit codes on both sides, else
+    "dot"; `plan_decode` also falls back to "dot" outside its head-dim / group / block scope).
+    Returns the variant, or "frag?" ("auto" on FP8: `plan_decode` decides between "frag" and "dot"
+    once it knows the split length)."""
     name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "auto"
     if name not in VARIANTS:
         raise ConfigError(f"decode variant {name!r} (argument or KVPACK_DECODE_VARIANT) is not one of "
@@ -85,13 +84,9 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
         if k_kind == "int8":
             return "imma"
         return "frag?" if k_kind in FP8_KINDS and v_kind in FP8_KINDS else "dot"
-    if name == "dott":  # "dot" with the scores as K @ q^T (an experiment; every format)
-        return name
     if name == "imma":
         return name if k_kind == "int8" else "dot"
     if name == "frag" and not (k_kind in FRAG_KINDS and v_kind in FRAG_KINDS):
-        return "dot"
-    if "float" in (k_kind, v_kind):
         return "dot"
     return name
 
@@ -107,5 +102,5 @@ class DecodePlan:
     merge_args: list | None
     out: torch.Tensor  # [T, Hq, D], q's dtype (fp32 when `post`: rotated / mean added afterwards)
     post: tuple[bool, torch.Tensor | None] | None  # (rotate V back, V mean) for `rotate_heads`, or None
-    kernel: object = None  # the @triton.jit decode kernel (`_decode_kernel` or `_fma_decode_kernel`)
+    kernel: object = None  # the decode kernel (`_decode_kernel` or Gluon `_frag_decode_kernel`)
     variant: str = "dot"

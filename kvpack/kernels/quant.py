@@ -21,9 +21,6 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
     fp8_f16_factor(FMT)                2**8 for e4m3, 1 for e5m2 (fold it into the scale)
     int8_to_f16(c)                     int8 codes -> float16, exact
     int4_to_f16(b)                     packed bytes -> (low, high) nibbles as float16, exact
-    int8_sub_f32(c, ASM)               int8 codes -> float32 subnormal (code + 128) * 2**-149, exact
-    int4_sub_f32(b, ASM)               packed bytes -> (low, high) nibbles as float32 code * 2**-149
-    e4m3_sub_f32(c, ASM)               e4m3 codes -> float32 value * 2**-120, exact
     decode_codes_f32(codes, FMT)       unscaled code values as float32 (float, int8, fp8 kinds)
     f32_to_bf16_rne(x)                 float32 -> bfloat16, ties to even, with integer ops (the CPU
                                        interpreter truncates in `.to(tl.bfloat16)`; GPUs round)
@@ -299,58 +296,6 @@ and.b32 $1, u1, 0xBF80BF80;
 }""")
 
 
-# float32 code encodings for the CUDA-core decode path. The bit pattern of an integer 0 <= u < 2**23
-# read as float32 is the subnormal u * 2**-149, exactly: a code byte becomes a float32 operand with
-# one byte permute and no arithmetic. FFMA/FMUL/FADD take subnormal operands at full rate as long
-# as they are not flushed (Triton emits fma.rn.f32, not .ftz, and the CPU interpreter's numpy keeps
-# subnormals); callers multiply the other operand by 2**64 so that products are normal floats, and
-# undo both factors once per score / output. int8 codes are biased by +128 (xor 0x80) first.
-_ASM_INT8_SUB = tl.constexpr("""{
-.reg .b32 t, z;
-mov.b32 z, 0;
-xor.b32 t, $4, 0x80808080;
-prmt.b32 $0, t, z, 0x4440;
-prmt.b32 $1, t, z, 0x4441;
-prmt.b32 $2, t, z, 0x4442;
-prmt.b32 $3, t, z, 0x4443;
-}""")
-_ASM_INT4_SUB = tl.constexpr("""{
-.reg .b32 t, u, z;
-mov.b32 z, 0;
-and.b32 t, $8, 0x0F0F0F0F;
-shr.b32 u, $8, 4;
-and.b32 u, u, 0x0F0F0F0F;
-prmt.b32 $0, t, z, 0x4440;
-prmt.b32 $1, t, z, 0x4441;
-prmt.b32 $2, t, z, 0x4442;
-prmt.b32 $3, t, z, 0x4443;
-prmt.b32 $4, u, z, 0x4440;
-prmt.b32 $5, u, z, 0x4441;
-prmt.b32 $6, u, z, 0x4442;
-prmt.b32 $7, u, z, 0x4443;
-}""")
-# e4m3 -> float32 bits: the byte moved to bits 31..24, shifted right by 4 (arithmetic: the sign stays
-# at bit 31) and masked to sign | 7 magnitude bits at 26..20: exponent e lands in the float32
-# exponent field's low 4 bits, so the value is 2**(e - 127) * 1.mmm = value * 2**-120; subnormal
-# codes (e = 0) become float32 subnormals 2**-126 * 0.mmm, the same factor.
-_ASM_E4M3_SUB = tl.constexpr("""{
-.reg .b32 z, t0, t1, t2, t3;
-mov.b32 z, 0;
-prmt.b32 t0, z, $4, 0x4000;
-prmt.b32 t1, z, $4, 0x5000;
-prmt.b32 t2, z, $4, 0x6000;
-prmt.b32 t3, z, $4, 0x7000;
-shr.s32 t0, t0, 4;
-shr.s32 t1, t1, 4;
-shr.s32 t2, t2, 4;
-shr.s32 t3, t3, 4;
-and.b32 $0, t0, 0x87F00000;
-and.b32 $1, t1, 0x87F00000;
-and.b32 $2, t2, 0x87F00000;
-and.b32 $3, t3, 0x87F00000;
-}""")
-
-
 @triton.jit
 def int8_to_f16(c):
     """int8 codes -> float16 (exact)."""
@@ -386,48 +331,6 @@ def int4_to_f16(b):
         lo, hi = tl.inline_asm_elementwise(_ASM_INT4_F16, "=r,=r,=r,=r,r", [b], dtype=(tl.float16, tl.float16),
                                            is_pure=False, pack=4)
     return lo, hi
-
-
-@triton.jit
-def _as_f32(u):
-    return u.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def int8_sub_f32(c, ASM: tl.constexpr):
-    """int8 codes -> float32 (code + 128) * 2**-149, exact subnormals. ASM: inline PTX (else plain
-    Triton integer ops, also the interpreter's path)."""
-    if ASM and not _INTERPRET_C:
-        out = tl.inline_asm_elementwise(_ASM_INT8_SUB, "=r,=r,=r,=r,r", [c], dtype=tl.float32, is_pure=True,
-                                        pack=4)
-    else:
-        out = _as_f32(c.to(tl.int32) + 128)
-    return out
-
-
-@triton.jit
-def int4_sub_f32(b, ASM: tl.constexpr):
-    """Packed int4 bytes -> (low, high) nibbles as float32 code * 2**-149, exact subnormals."""
-    if ASM and not _INTERPRET_C:
-        lo, hi = tl.inline_asm_elementwise(_ASM_INT4_SUB, "=r,=r,=r,=r,=r,=r,=r,=r,r", [b],
-                                           dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
-    else:
-        lo = _as_f32(int4_lo(b))
-        hi = _as_f32(int4_hi(b))
-    return lo, hi
-
-
-@triton.jit
-def e4m3_sub_f32(code, ASM: tl.constexpr):
-    """uint8 e4m3 codes -> float32 value * 2**-120, exact (subnormal codes included; NaN codes become
-    the finite 480 * 2**-120)."""
-    if ASM and not _INTERPRET_C:
-        out = tl.inline_asm_elementwise(_ASM_E4M3_SUB, "=r,=r,=r,=r,r", [code], dtype=tl.float32, is_pure=True,
-                                        pack=4)
-    else:
-        t = code.to(tl.int32) << 24
-        out = ((t >> 4) & -2014314496).to(tl.float32, bitcast=True)  # 0x87F00000
-    return out
 
 
 @triton.jit
