@@ -204,13 +204,17 @@ def test_cache_write_has_no_fused_multiply_add(aot_results):
 
 
 def test_frag_decode_uses_no_shared_memory(aot_results):
-    """The "frag" experiment loads codes in the MMA fragment layout: no shared-memory staging (the
-    "dot" kernel stages each tile), and its hand-overs compiled as register renamings
-    (`convert_layout(..., assert_trivial=True)` fails the compile otherwise)."""
+    """The "frag" kernel loads codes in the MMA fragment layout: no shared-memory staging (the
+    "dot" kernel stages each tile, 20 KB), and its hand-overs compiled as register renamings
+    (`convert_layout(..., assert_trivial=True)` fails the compile otherwise). With int8 K, q's two
+    int8 parts move once per program from a blocked layout to the MMA operand through shared memory
+    (at most 16 x 128 bytes; one 64-token tile staged would need >= 8 KB)."""
     frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
     dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1"]
-    assert len(frag) == 16 and all(r["shared"] == 0 for r in frag), [(r["variant"], r["shared"]) for r in frag]
-    assert dot and all(r["shared"] > 0 for r in dot)  # the check would see staging
+    assert len(frag) == 16, [r["variant"] for r in frag]
+    for r in frag:
+        assert r["shared"] <= (2048 if "/int8" in r["variant"] else 0), (r["variant"], r["shared"])
+    assert dot and all(r["shared"] > 8192 for r in dot)  # the check would see staging
 
 
 def test_fp8_pattern_would_match():

@@ -17,6 +17,13 @@ its own mma.m16n8k16 fragments and converts them in registers:
   that share a 32-bit fragment register are interleaved in registers.
 `convert_layout(..., assert_trivial=True)` makes the compiler prove that neither hand-over moves
 data between lanes.
+- int8 K (since session 6, not yet run on a GPU): the codes feed mma.m16n8k32.s8 as they are loaded
+  (no conversion), with q split per row into two int8 parts as in the "imma" variant
+  (`quant.split_q_int8`); the same 32-byte loads per lane, read as logical channel
+  32 j + 16 h + 4 t + e = code byte 32 t + 8 j + 4 h + e. q's parts reach the MMA operand layout
+  through shared memory once per program (2 KB at most); the tiles use none. sm_90 SASS per
+  64-token tile: int8 1312 instructions (fp16 MMAs here: 1633; "imma": 1252), int8-static 992
+  (1345; 1037).
 
 Scope: int8 and FP8 codes on both sides (per-token or static scales), head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
@@ -36,6 +43,10 @@ from kvpack.kernels.quant import K_FMT_INT8, fp8_decode_f16, int8_to_f16
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
 A_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
 B_OP = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+# int8 MMA operands (mma.m16n8k32.s8: four consecutive k per 32-bit register)
+A_OP8 = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+B_OP8 = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
+Q_LOAD = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[1, 1], order=[1, 0])
 ROWS = gl.SliceLayout(1, MMA)  # [GROUP_PAD] per-head vectors (m_i, l_i)
 COLS = gl.SliceLayout(0, MMA)  # [64] per-token vectors (scales, masks)
 # COLS as [8 groups of 8 tokens, 8]: a lane holds tokens 8 j + 2 (lane % 4) + {0, 1} (same elements)
@@ -85,13 +96,21 @@ def _ld(ptrs, mask, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
+def _rne(x):
+    """float32 -> int32, round half to even (|x| < 2**22), as `quant.round_half_even`."""
+    return (x + 12582912.0).to(gl.int32, bitcast=True) - 0x4B400000
+
+
+@gluon.jit
+def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
-               IDX64: gl.constexpr, MASKED: gl.constexpr):
-    """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot")."""
+               IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr):
+    """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot"). QK8 (int8
+    K): q, q_lo are q's int8 parts, q_s its per-row step times the softmax scale, and the codes feed
+    int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16."""
     # ---- K codes in fragment order, scores [16, 64] ----
     g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
     blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
@@ -104,9 +123,15 @@ def _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
     kt = gl.arange(0, 4, layout=K_T)
     kb = gl.arange(0, 32, layout=K_B)
     kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
-    k = gl.permute(gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
-    k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
-    s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
+    if QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (see the module doc)
+        k = gl.permute(gl.reshape(kc, [8, 8, 4, 4, 2, 4]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
+        k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP8, assert_trivial=True)
+        si = mma_v2(q, k, gl.full([16, 64], 0, gl.int32, layout=MMA)) * 254
+        s = mma_v2(q_lo, k, si).to(gl.float32)
+    else:
+        k = gl.permute(gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
+        k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
+        s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
     # per-token vectors (K and V scales, masks) in the scores' column layout, built as [8 groups, 8]
     # (the group values move by register renaming, before any stride multiplies: the strides'
     # divisibility, which the load vectorization needs, survives)
@@ -120,15 +145,22 @@ def _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
         ksr = nblk * k_ss0 + h * k_ss1 + noff * k_ss2
         ksr = gl.convert_layout(gl.reshape(ksr, [64]), COLS, assert_trivial=True)
         ks = _ld(ks_ptr + ksr, nmask, MASKED).to(gl.float32)
-        s = s * (ks * qk_scale)[None, :]
-    else:
+        if QK8:  # the softmax scale is in q_s
+            s = s * ks[None, :]
+        else:
+            s = s * (ks * qk_scale)[None, :]
+    elif not QK8:
         s = s * qk_scale
     if MASKED:
         s = gl.where(nmask[None, :], s, -float("inf"))
     # ---- online softmax (base 2) ----
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    if QK8:  # scores s * q_s (q_s > 0 per row): it scales the row maximum and joins the exponent
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * q_s)
+        p = gl.exp2(s * q_s[:, None] - m_new[:, None])
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        p = gl.exp2(s - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     # ---- V codes in fragment order, P @ V [16, 128] (channel 8 m + nl) ----
     vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
@@ -174,7 +206,8 @@ def _frag_decode_kernel(
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False,
 ):
-    """`_decode_kernel`'s arguments (zeros, dtypes, PREFETCH, QK8 unused); D == 128, BLOCK_N == 64."""
+    """`_decode_kernel`'s arguments (zeros, dtypes, PREFETCH, QK8 unused: an int8 K always takes int8
+    MMAs here); D == 128, BLOCK_N == 64."""
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)
@@ -184,15 +217,36 @@ def _frag_decode_kernel(
     start = split * tokens_per_split
     end = gl.minimum(seq_len, start + tokens_per_split)
 
-    # q [16, 128] as the A operand, channels in the K fragments' order (see the module doc)
-    g = gl.arange(0, 16, layout=gl.SliceLayout(1, A_OP))
-    kk = gl.arange(0, 128, layout=gl.SliceLayout(0, A_OP))
-    phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
-    q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
-    q = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32).to(gl.float16)
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
     qk_scale = qk_scale * K_FACTOR
+    KI8: gl.constexpr = K_FMT == K_FMT_INT8
+    if KI8:
+        # q [16, 128] in two int8 parts, hi * 254 + lo steps of |q|max / 32258 per row (as
+        # `quant.split_q_int8`), channels in the int8 K fragments' order: logical 32 j + 16 h + 4 t + e
+        # is code byte 32 t + 8 j + 4 h + e; split in a blocked layout, then moved to the A operand
+        g = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_LOAD))
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
+        phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
+        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
+        qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
+        amax = gl.max(gl.abs(qf), axis=1)
+        step = gl.where(amax > 0, amax, 1.0) / (127.0 * 254.0)
+        hi = _rne(qf / (step * 254.0)[:, None])
+        lo = qf / step[:, None] - hi.to(gl.float32) * 254.0
+        lo = _rne(gl.minimum(gl.maximum(lo, -127.0), 127.0))
+        q = gl.convert_layout(hi.to(gl.int8), A_OP8)
+        q_lo = gl.convert_layout(lo.to(gl.int8), A_OP8)
+        q_s = gl.convert_layout(step, ROWS) * qk_scale
+    else:
+        # q [16, 128] as the A operand, channels in the K fragments' order (see the module doc)
+        g = gl.arange(0, 16, layout=gl.SliceLayout(1, A_OP))
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, A_OP))
+        phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
+        q = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32).to(gl.float16)
+        q_lo = q
+        q_s = gl.full([16], 1.0, gl.float32, layout=ROWS)
 
     m_i = gl.full([16], -float("inf"), gl.float32, layout=ROWS)
     l_i = gl.full([16], 0.0, gl.float32, layout=ROWS)
@@ -203,10 +257,11 @@ def _frag_decode_kernel(
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
         for n0 in range(lo, hi, 64):
-            m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, qk_scale, m_i, l_i, acc,
+            m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                       BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1)
+                                       BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
+                                       KI8)
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 

@@ -72,7 +72,8 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     faster than "dot"), "frag" for FP8 K and V where `plan_decode` finds its scope and >= 1024
     tokens per program (5-13 % faster; slower with fewer), else "dot". The others: "dot" (tensor
     cores, fp16 operands), "imma" ("dot" with the scores from an int8 MMA: int8 K only, else "dot"),
-    "frag" (codes loaded in the MMA fragment layout, `decode_frag`: 8-bit codes on both sides, else
+    "frag" (codes loaded in the MMA fragment layout, `decode_frag`; int8 K there takes int8 MMAs,
+    not yet timed: opt-in; 8-bit codes on both sides, else
     "dot"; `plan_decode` also falls back to "dot" outside its head-dim / group / block scope).
     Returns the variant, or "frag?" ("auto" on FP8: `plan_decode` decides between "frag" and "dot"
     once it knows the split length)."""
