@@ -38,7 +38,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from kvpack.kernels.quant import K_FMT_INT8, fp8_decode_f16, int8_to_f16
+from kvpack.kernels.quant import K_FMT_INT8, fp8_decode_f16, int8_to_f16, split_q_int8
 
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
 A_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -93,12 +93,6 @@ def _ld(ptrs, mask, MASKED: gl.constexpr):
     else:
         out = gl.load(ptrs)
     return out
-
-
-@gluon.jit
-def _rne(x):
-    """float32 -> int32, round half to even (|x| < 2**22), as `quant.round_half_even`."""
-    return (x + 12582912.0).to(gl.int32, bitcast=True) - 0x4B400000
 
 
 @gluon.jit
@@ -222,21 +216,17 @@ def _frag_decode_kernel(
     qk_scale = qk_scale * K_FACTOR
     KI8: gl.constexpr = K_FMT == K_FMT_INT8
     if KI8:
-        # q [16, 128] in two int8 parts, hi * 254 + lo steps of |q|max / 32258 per row (as
-        # `quant.split_q_int8`), channels in the int8 K fragments' order: logical 32 j + 16 h + 4 t + e
+        # q [16, 128] in two int8 parts, hi * 254 + lo steps of |q|max / 32258 per row
+        # (`quant.split_q_int8`), channels in the int8 K fragments' order: logical 32 j + 16 h + 4 t + e
         # is code byte 32 t + 8 j + 4 h + e; split in a blocked layout, then moved to the A operand
         g = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_LOAD))
         kk = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
         phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
         q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
         qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
-        amax = gl.max(gl.abs(qf), axis=1)
-        step = gl.where(amax > 0, amax, 1.0) / (127.0 * 254.0)
-        hi = _rne(qf / (step * 254.0)[:, None])
-        lo = qf / step[:, None] - hi.to(gl.float32) * 254.0
-        lo = _rne(gl.minimum(gl.maximum(lo, -127.0), 127.0))
-        q = gl.convert_layout(hi.to(gl.int8), A_OP8)
-        q_lo = gl.convert_layout(lo.to(gl.int8), A_OP8)
+        hi, lo, step = split_q_int8(qf)
+        q = gl.convert_layout(hi, A_OP8)
+        q_lo = gl.convert_layout(lo, A_OP8)
         q_s = gl.convert_layout(step, ROWS) * qk_scale
     else:
         # q [16, 128] as the A operand, channels in the K fragments' order (see the module doc)

@@ -222,6 +222,9 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
     serializes the wgmmas that read K/V straight from the copy buffers (float formats; ptxas
     C7515), so the launcher carries by default only when both sides are dequantized in registers.
     """
+    # dynamic K scales for int8 MMAs over whole cache blocks load in-iteration as block rows (below);
+    # the carried per-token K scales are not loaded then
+    K_CARRIED: tl.constexpr = K_TOKEN and not (QK8 and BLOCK_N % BLOCK_SIZE == 0)
     pos_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = pos_n < kv_end
     off = (pos_n & (BLOCK_SIZE - 1)).to(tl.int64)
@@ -229,7 +232,7 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
         blk = _block_ids(bt_row, n0, kv_end, BLOCK_N, BLOCK_SIZE)
         ks0, ks1, kz0, kz1 = _tile_scales(
             ks_ptr, kz_ptr, blk * s_ksb + kvh * s_ksh + off * s_kst, n_mask,
-            K_FMT, K_TOKEN and not (QK8 and BLOCK_N % BLOCK_SIZE == 0), K_GS, HEAD_DIM, D_PAD)
+            K_FMT, K_CARRIED, K_GS, HEAD_DIM, D_PAD)
         vs0, vs1, vz0, vz1 = _tile_scales(
             vs_ptr, vz_ptr, blk * s_vsb + kvh * s_vsh + off * s_vst, n_mask,
             V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD)
@@ -240,7 +243,7 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
         si = tl.dot(q, kt, out_dtype=tl.int32) * Q_LO_STEPS
         s = tl.dot(q_lo, kt, si, out_dtype=tl.int32).to(tl.float32)
         if K_TOKEN:  # q_s (per row) carries the softmax scale: applied in the exponent below
-            if BLOCK_N % BLOCK_SIZE == 0:
+            if not K_CARRIED:
                 # the tile's scales as [blocks, block_size] rows (one block id per block, contiguous
                 # scales), then to the score tile's column layout by a gather: loaded in that
                 # layout directly (Triton's choice otherwise), every thread would load 16 scales and
@@ -282,7 +285,7 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
         m1 = (n1 + tl.arange(0, BLOCK_N)) < kv_end
         ks0, ks1, kz0, kz1 = _tile_scales(
             ks_ptr, kz_ptr, _scale_offsets(blk, n1, kvh, s_ksb, s_ksh, s_kst, BLOCK_N, BLOCK_SIZE),
-            m1, K_FMT, K_TOKEN and not (QK8 and BLOCK_N % BLOCK_SIZE == 0), K_GS, HEAD_DIM, D_PAD)
+            m1, K_FMT, K_CARRIED, K_GS, HEAD_DIM, D_PAD)
         vs0, vs1, vz0, vz1 = _tile_scales(
             vs_ptr, vz_ptr, _scale_offsets(blk, n1, kvh, s_vsb, s_vsh, s_vst, BLOCK_N, BLOCK_SIZE),
             m1, V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD)
