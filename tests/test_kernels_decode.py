@@ -236,23 +236,26 @@ def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
     assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == "dot"
 
 
-@pytest.mark.parametrize("lens,splits,want", [([4096] * 64, None, "frag"), ([2048] * 2, 1, "frag"),
-                                               ([32768], None, "dot"), ([900], 1, "dot")])
-def test_auto_frag_on_long_splits(lens, splits, want, monkeypatch):
-    """"auto" on FP8 K and V: "frag" where a program covers >= FRAG_MIN_TOKENS tokens (few long
-    splits), "dot" on many short splits (measured slower there); always "dot" in the interpreter."""
+@pytest.mark.parametrize("kinds", [("fp8_e4m3", "fp8_e5m2"), ("int8", "int8"), ("int8-static", "int8")])
+@pytest.mark.parametrize("lens,splits,long", [([4096] * 64, None, True), ([2048] * 2, 1, True),
+                                               ([32768], None, False), ([900], 1, False)])
+def test_auto_frag_on_long_splits(kinds, lens, splits, long, monkeypatch):
+    """"auto" on 8-bit K and V: "frag" where a program covers >= FRAG_MIN_TOKENS tokens (few long
+    splits); on many short splits (measured slower there) and always in the interpreter, the
+    fallback: "imma" for int8 K, "dot" for FP8 K."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
     import kvpack.kernels.decode_plan as dp
 
     monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
-    q, lc, meta = build_case("fp8_e4m3", "fp8_e5m2", [5] * len(lens), 32, 8, 128, 16)
+    q, lc, meta = build_case(*kinds, [5] * len(lens), 32, 8, 128, 16)
     meta = dataclasses.replace(meta, max_seq_len=max(lens))
+    fallback = "imma" if kinds[0].startswith("int8") else "dot"
     monkeypatch.setattr(da, "INTERPRET", False)
-    assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == want
+    assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == ("frag" if long else fallback)
     monkeypatch.setattr(da, "INTERPRET", True)
-    assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == "dot"
+    assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == fallback
 
 
 def test_needs_idx64_reads_strides():
@@ -478,9 +481,12 @@ def test_variant_selection(monkeypatch):
     assert choose_variant("int8", "float") == "imma"
     assert choose_variant("int4", "int8") == "dot"
     assert choose_variant("fp8_e4m3", "fp8_e5m2") == "frag?"  # plan_decode decides on the split length
-    assert choose_variant("fp8_e4m3", "int8") == "dot"
+    assert choose_variant("fp8_e4m3", "int8") == "frag?"  # 8-bit codes on both sides
+    assert choose_variant("int8", "int8") == "frag?"  # session 7: frag-int8 faster on long splits
+    assert choose_variant("fp8_e4m3", "int4") == "dot"
     assert choose_variant("int4", "int4", "imma") == "dot"  # imma needs int8 K
     assert choose_variant("float", "int8", "frag") == "dot"  # frag needs 8-bit codes on both sides
+    assert choose_variant("int8", "int4", "frag") == "imma"  # ... else the fallback
     monkeypatch.setenv("KVPACK_DECODE_VARIANT", "dot")
     assert choose_variant("int8", "fp8_e5m2") == "dot"
     assert choose_variant("int8", "int8", "imma") == "imma"  # an explicit argument wins

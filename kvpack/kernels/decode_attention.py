@@ -10,7 +10,7 @@ and a centered V: `kernels.rotate.rotate_heads` forms q @ R before the kernel an
 after it (one launch each).
 
 Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|frag,
-else "auto": "imma" for int8 K, "frag" for FP8 K and V with long splits, else "dot"): "dot"
+else "auto": "frag" for 8-bit K and V (int8 or FP8) with long splits, else "imma" for int8 K, else "dot"): "dot"
 (`_decode_kernel`, tensor cores, described here), "imma" (the same kernel with int8 K codes fed to
 an int8 MMA: q split into two int8 parts, `split_q_int8`) and "frag" (`decode_frag`, Gluon: 8-bit codes
 loaded straight into the MMA fragment layout, no shared memory). All write the same partials for
@@ -36,7 +36,7 @@ import triton.language as tl
 from kvpack.attention.kv_cache import LayerKVCache
 from kvpack.kernels.rotate import rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant,
+    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant, fallback_variant,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
@@ -448,11 +448,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
 
     if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
                                            or block_size < 8):
-        variant = "dot"  # outside decode_frag's scope (and Gluon has no CPU interpreter)
-    if variant == "frag?":  # "auto" on FP8: "frag" with >= FRAG_MIN_TOKENS tokens per program
+        variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
+    if variant == "frag?":  # "auto" on 8-bit K and V: "frag" with >= FRAG_MIN_TOKENS tokens per program
         splits = num_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
         per_split = triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
-        variant = "frag" if per_split >= FRAG_MIN_TOKENS else "dot"
+        variant = "frag" if per_split >= FRAG_MIN_TOKENS else fallback_variant(kp.fmt.kind)
     if variant == "frag":  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:

@@ -68,28 +68,31 @@ FRAG_MIN_TOKENS = 1024  # "auto" runs "frag" at >= this many tokens per program 
 
 def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     """The decode kernel variant: `variant`, else the environment variable KVPACK_DECODE_VARIANT,
-    else "auto". "auto" (measured on an H200, results/attention_tune_s6): "imma" for int8 K (8-14 %
-    faster than "dot"), "frag" for FP8 K and V where `plan_decode` finds its scope and >= 1024
-    tokens per program (5-13 % faster; slower with fewer), else "dot". The others: "dot" (tensor
-    cores, fp16 operands), "imma" ("dot" with the scores from an int8 MMA: int8 K only, else "dot"),
-    "frag" (codes loaded in the MMA fragment layout, `decode_frag`; int8 K there takes int8 MMAs,
-    not yet timed: opt-in; 8-bit codes on both sides, else
-    "dot"; `plan_decode` also falls back to "dot" outside its head-dim / group / block scope).
-    Returns the variant, or "frag?" ("auto" on FP8: `plan_decode` decides between "frag" and "dot"
-    once it knows the split length)."""
+    else "auto". "auto" (measured on an H200, results/attention_tune_s6 and _s7): "frag" for 8-bit K
+    and V (int8 or FP8) where `plan_decode` finds its scope and >= 1024 tokens per program (FP8 5-13 %,
+    int8 4-7 % faster there; slower with fewer), else "imma" for int8 K (8-14 % faster than "dot"),
+    else "dot". The others: "dot" (tensor cores, fp16 operands), "imma" ("dot" with the scores from an
+    int8 MMA: int8 K only, else "dot"), "frag" (codes loaded in the MMA fragment layout,
+    `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback).
+    `plan_decode` also falls back outside frag's head-dim / group / block scope; the fallback is
+    "imma" for int8 K, else "dot" (`fallback_variant`).
+    Returns the variant, or "frag?" ("auto" on 8-bit K and V: `plan_decode` decides between "frag"
+    and the fallback once it knows the split length)."""
     name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "auto"
     if name not in VARIANTS:
         raise ConfigError(f"decode variant {name!r} (argument or KVPACK_DECODE_VARIANT) is not one of "
                           + ", ".join(VARIANTS))
+    frag_ok = k_kind in FRAG_KINDS and v_kind in FRAG_KINDS
     if name == "auto":
-        if k_kind == "int8":
-            return "imma"
-        return "frag?" if k_kind in FP8_KINDS and v_kind in FP8_KINDS else "dot"
-    if name == "imma":
-        return name if k_kind == "int8" else "dot"
-    if name == "frag" and not (k_kind in FRAG_KINDS and v_kind in FRAG_KINDS):
-        return "dot"
+        return "frag?" if frag_ok else fallback_variant(k_kind)
+    if name == "imma" or (name == "frag" and not frag_ok):
+        return fallback_variant(k_kind)
     return name
+
+
+def fallback_variant(k_kind: str) -> str:
+    """The variant where "frag" does not apply: "imma" for int8 K, else "dot"."""
+    return "imma" if k_kind == "int8" else "dot"
 
 
 @dataclass
