@@ -9,6 +9,11 @@ included). The baseline is PyTorch's FlashAttention-2 forward on contiguous bf16
 same mask as `causal_lower_right(chunk, prefix + chunk)`; K/V have 8 heads when the op accepts GQA,
 else they are expanded, which the JSON records).
 
+Metadata is built as the engine builds it, so quantized formats go through the prefill workspace
+(`attention.metadata.PrefillWorkspace`: the batch's blocks dequantized once into float16, then the
+float-cache kernel) where its rule plans one (a 2048-token chunk does); `--compare-fused` also
+times them without it (rows '<format>/fused': every KV tile dequantized in registers per query tile).
+
 Reports the median time per call (triton.testing.do_bench over CUDA-graph replays: GPU time;
 `--eager` times plain calls, whose host-side launch work bounds the short cases: the prefix-0 rows
 of session 2 measured that), TFLOP/s of the causal work
@@ -120,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=200, help="do_bench measuring time per point")
     ap.add_argument("--eager", action="store_true",
                     help="time eager calls (host launch overhead included) instead of CUDA-graph replays")
+    ap.add_argument("--compare-fused", action="store_true",
+                    help="also time each quantized format without the prefill workspace (rows '<format>/fused': "
+                         "the kernel dequantizes every KV tile in registers, once per query tile)")
     ap.add_argument("--out", default="results/prefill")
     ap.add_argument("--tag", default="")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (tiny shapes)")
@@ -203,14 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     rows, sdpa_rows = [], []
     for prefix in prefixes:
         seq_len = prefix + chunk
-        meta = AttentionMetadata.build([chunk], [seq_len], [table[: triton.cdiv(seq_len, bs)]], bs, dev)
+        tables = [table[: triton.cdiv(seq_len, bs)]]
+        meta = AttentionMetadata.build([chunk], [seq_len], tables, bs, dev)  # as the engine builds it
+        fused = AttentionMetadata.build([chunk], [seq_len], tables, bs, dev, workspace=False)
         flops = 4 * hq * d * (chunk * prefix + chunk * (chunk + 1) // 2)
         out = torch.empty_like(q)
         outs, times = {}, {}
-        for f in formats:
-            fn = lambda f=f: prefill_paged_attention(q, layers[f], meta, scale, out=out)  # noqa: E731
-            outs[f] = fn().clone()
-            times[f] = bench(fn)
+        runs = [(f, f, meta) for f in formats]
+        if args.compare_fused:
+            runs += [(f + "/fused", f, fused) for f in formats if not f.startswith(("bfloat16", "float"))]
+        for name, f, m in runs:
+            fn = lambda f=f, m=m: prefill_paged_attention(q, layers[f], m, scale, out=out)  # noqa: E731
+            outs[name] = fn().clone()
+            times[name] = bench(fn)
         qs = q.transpose(0, 1).unsqueeze(0).contiguous()  # [1, Hq, chunk, D]
         ks = k[:seq_len].transpose(0, 1).unsqueeze(0).contiguous()
         vs = v[:seq_len].transpose(0, 1).unsqueeze(0).contiguous()
@@ -220,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         base = "bfloat16" if "bfloat16" in outs else formats[0]
         sdpa_rows.append({"prefix": prefix, "us": s_us, "tflops": flops / s_us * 1e-6, "gqa": gqa,
                           "max_abs_diff_vs_kvpack_" + base: (s_out.float() - outs[base].float()).abs().max().item()})
-        for f in formats:
+        for f in times:
             rows.append({
-                "prefix": prefix, "format": f, "us": times[f], "tflops": flops / times[f] * 1e-6,
+                "prefix": prefix, "format": f, "workspace": meta.workspace is not None and "/" not in f
+                and not f.startswith(("bfloat16", "float")), "us": times[f], "tflops": flops / times[f] * 1e-6,
                 "vs_kvpack_bf16": times[f] / times[base], "vs_sdpa_flash": times[f] / s_us,
                 "max_abs_diff_vs_kvpack_bf16": (outs[f].float() - outs[base].float()).abs().max().item(),
             })

@@ -42,9 +42,10 @@ def _fill_garbage(pool) -> None:
 
 def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, block_size=16,
              dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV,
-             attention=None, q_scale=1.0, int4_group_size=32):
+             attention=None, q_scale=1.0, int4_group_size=32, workspace=False):
     """Build a shuffled paged cache, write every position with the reference, attend with both.
-    Returns (kernel output, reference output), both float32 [T, Hq, D]."""
+    workspace: the prefill workspace (`AttentionMetadata.build`'s argument: False never, True
+    always, None its rule). Returns (kernel output, reference output), both float32 [T, Hq, D]."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     fk = resolve_format(k_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype,
@@ -74,7 +75,8 @@ def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, bloc
     k = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
     v = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
     reference.write_kv(k, v, layer, every.slot_mapping)
-    meta = AttentionMetadata.build(list(q_lens), list(seq_lens), tables, block_size, device)
+    meta = AttentionMetadata.build(list(q_lens), list(seq_lens), tables, block_size, device, workspace=workspace)
+    assert (meta.workspace is not None) == bool(workspace) or workspace is None
     q = (torch.randn(sum(q_lens), hq, head_dim, generator=gen) * q_scale).to(device=device, dtype=dtype)
     scale = head_dim ** -0.5
     ref = reference.paged_attention(q.float(), layer, meta, scale)
@@ -244,24 +246,132 @@ def test_qk8_default_scope(monkeypatch):
     assert not _use_qk8(1, 2, torch.float32) and not _use_qk8(3, 2, torch.bfloat16)
 
 
+# ---- prefill workspace (quantized caches dequantized once into float16) ---------------------
+WS_FORMATS = [("int8", "int8", False), ("int8", "int8", True), ("int4", "int4", False),
+              ("fp8_e4m3", "fp8_e4m3", False), ("fp8_e5m2", "fp8_e5m2", True), ("int4", "fp8_e4m3", False),
+              ("bfloat16", "int4", False), ("int8", "float32", False)]
+
+
+@pytest.mark.parametrize("k_name,v_name,static", WS_FORMATS)
+def test_workspace_matches_reference(k_name, v_name, static):
+    """The workspace path (dequantize the batch's blocks, then the float-cache kernel) against the
+    reference at the operand tolerance, on the mixed batch (decodes, a chunk on a prefix)."""
+    for head_dim in (64, 80):
+        out, ref = run_case(k_name, v_name, static=static, head_dim=head_dim, workspace=True, **MIXED)
+        # a bf16 cache side takes bf16 operands (q rounded to bf16 for it): the bf16 tolerance
+        tol = TOL[torch.bfloat16 if "bfloat16" in (k_name, v_name) else torch.float16]
+        torch.testing.assert_close(out, ref, **tol)
+
+
+def test_workspace_bf16_q_and_gqa():
+    """bf16 q (fp16 operands, output rounded to bf16: 2^-9), GQA 4, as test_bf16_q_with_quantized_cache."""
+    out, ref = run_case("int4", "int8", hq=8, hkv=2, dtype=torch.bfloat16, workspace=True, **MIXED)
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("name,static", [("int8", False), ("int8", True), ("int4", False), ("fp8_e4m3", False),
+                                         ("fp8_e4m3", True), ("fp8_e5m2", False), ("bfloat16", False)])
+def test_workspace_values(name, static):
+    """Workspace values: the format's own dequantization (`KVFormat.dequantize`, float32) rounded
+    once to float16 (int8 / FP8: exact products; int4: code * s + m in float16 arithmetic, within
+    one float16 ulp), block src_blocks[i] at index i; float sides copied bit for bit."""
+    from kvpack.kernels.prefill_workspace import dequantize_to_workspace
+
+    gen = torch.Generator().manual_seed(3)
+    hkv, bs, d = 2, 16, 80
+    fmt = resolve_format(name, head_dim=d, static=static, model_dtype=torch.bfloat16)
+    st = (torch.rand(hkv, generator=gen) + 0.5) * 4.0 / fmt.qmax if static else None
+    pool = allocate_pool(fmt, 6, hkv, bs, DEV, st)
+    x = torch.randn(6 * bs, hkv, d, generator=gen) * 3
+    slots = torch.arange(6 * bs)
+    reference.write_kv(x, x, LayerKVCache(pool, pool), slots)
+    src = torch.tensor([4, 0, 5], dtype=torch.int32)
+    k_ws, v_ws = dequantize_to_workspace(pool, pool, src.to(DEV), 3)
+    assert k_ws.codes.shape == (3, hkv, bs, d) and k_ws.fmt.kind == "float"
+    flat = lambda t: None if t is None else t.flatten(0, 1)  # noqa: E731  [blocks * bs ...] rows
+    want = fmt.dequantize(pool.codes.permute(0, 2, 1, 3).flatten(0, 1),
+                          flat(pool.scales.permute(0, 2, 1, 3)) if pool.scales is not None else None,
+                          flat(pool.zeros.permute(0, 2, 1, 3)) if pool.zeros is not None else None,
+                          pool.static_scale)  # [blocks * bs, H, D] float32
+    want = want.reshape(6, bs, hkv, d).permute(0, 2, 1, 3)[src.long()]
+    got = k_ws.codes.float()
+    if fmt.kind == "float":
+        assert k_ws.codes.dtype == pool.codes.dtype and torch.equal(k_ws.codes, pool.codes[src.long()])
+    elif fmt.kind == "int4":  # two float16 roundings (code * s, then + m) against one of want
+        m = pool.zeros.float()[src.long()].repeat_interleave(fmt.group_size, dim=-1)
+        bound = 2.0 ** -11 * ((want - m).abs() + 2 * want.abs()) + 2.0 ** -24
+        assert ((got - want).abs() <= bound).all()
+    else:
+        assert torch.equal(got, want.half().float())
+    assert torch.equal(v_ws.codes, k_ws.codes)
+
+
+def test_workspace_plan_rule(monkeypatch):
+    """`PrefillWorkspace.plan`: blocks in sequence order, renumbered tables, the reuse rule, the cap,
+    the forcing argument and $KVPACK_PREFILL_WORKSPACE / _TOKENS."""
+    import numpy as np
+
+    from kvpack.attention import metadata as md
+
+    monkeypatch.delenv(md.WORKSPACE_ENV, raising=False)
+    monkeypatch.delenv(md.WORKSPACE_TOKENS_ENV, raising=False)
+    tables = np.array([[7, 3, 9, 0], [2, 0, 0, 0], [5, 6, 8, 1]], dtype=np.int32)
+    plan = md.PrefillWorkspace.plan([40, 1, 33], [40, 5, 64], tables, 16, "cpu", force=True)
+    assert plan.num_blocks == 3 + 1 + 4
+    assert plan.src_blocks.tolist() == [7, 3, 9, 2, 5, 6, 8, 1]
+    assert plan.block_tables.tolist() == [[0, 1, 2, 0], [3, 0, 0, 0], [4, 5, 6, 7]]
+    # the rule: sum(query tiles x blocks) >= 8 x blocks; a 2048-token chunk on an 8k prefix passes,
+    # decodes (one tile each) and short chunks do not
+    long = np.arange(640, dtype=np.int32)[None, :]
+    assert md.PrefillWorkspace.plan([2048], [10240], long, 16, "cpu") is not None
+    assert md.PrefillWorkspace.plan([200], [10240], long, 16, "cpu") is None
+    many = np.tile(long, (40, 1))
+    assert md.PrefillWorkspace.plan([2048] + [1] * 39, [2048] + [640] * 39, many, 16, "cpu") is None
+    assert md.PrefillWorkspace.plan([200], [10240], long, 16, "cpu", force=False) is None
+    # the cap (tokens of whole blocks)
+    assert md.PrefillWorkspace.plan([2048] * 4, [10240] * 4, np.tile(long, (4, 1)), 16, "cpu") is None
+    monkeypatch.setenv(md.WORKSPACE_TOKENS_ENV, "50000")
+    assert md.PrefillWorkspace.plan([2048] * 4, [10240] * 4, np.tile(long, (4, 1)), 16, "cpu") is not None
+    monkeypatch.setenv(md.WORKSPACE_TOKENS_ENV, "lots")
+    with pytest.raises(ValueError, match="KVPACK_PREFILL_WORKSPACE_TOKENS"):
+        md.PrefillWorkspace.plan([2048], [10240], long, 16, "cpu")
+    monkeypatch.delenv(md.WORKSPACE_TOKENS_ENV)
+    monkeypatch.setenv(md.WORKSPACE_ENV, "0")
+    assert md.PrefillWorkspace.plan([2048], [10240], long, 16, "cpu") is None
+    monkeypatch.setenv(md.WORKSPACE_ENV, "1")
+    assert md.PrefillWorkspace.plan([200], [10240], long, 16, "cpu") is not None
+    # decode-only batches never get one; AttentionMetadata.build and the engine's builder agree
+    from kvpack.engine.model_runner import build_metadata
+
+    monkeypatch.delenv(md.WORKSPACE_ENV)
+    tl = [list(range(640))]
+    assert AttentionMetadata.build([1], [10240], tl, 16).workspace is None
+    a = AttentionMetadata.build([2048], [10240], tl, 16).workspace
+    b = build_metadata([2048], [10240], tl, 16)[0].workspace
+    assert torch.equal(a.src_blocks, b.src_blocks) and torch.equal(a.block_tables, b.block_tables)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("workspace", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 @pytest.mark.parametrize("fmt", GPU_FORMATS + ["int8-static", "fp8_e4m3-static", "fp8_e5m2-static"])
-def test_gpu_large(fmt, head_dim):
+def test_gpu_large(fmt, head_dim, workspace):
     static = fmt.endswith("-static")
     name = fmt.removesuffix("-static")
     block_size = {64: 16, 80: 32, 96: 64, 128: 16, 256: 32}[head_dim]
     out, ref = run_case(name, name, static=static, head_dim=head_dim, hq=32, hkv=8, block_size=block_size,
-                        dtype=torch.bfloat16, q_lens=(700, 1, 1, 300, 129), seq_lens=(1900, 800, 3, 300, 1153))
+                        dtype=torch.bfloat16, q_lens=(700, 1, 1, 300, 129), seq_lens=(1900, 800, 3, 300, 1153),
+                        workspace=workspace)
     torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("k_name,v_name", [("float16", "float16"), ("int4", "fp8_e5m2"), ("fp8_e4m3", "int8")])
-def test_gpu_fp16_block_sizes(k_name, v_name, block_size):
+@pytest.mark.parametrize("workspace", [False, True])
+def test_gpu_fp16_block_sizes(k_name, v_name, block_size, workspace):
     out, ref = run_case(k_name, v_name, head_dim=128, hq=28, hkv=4, block_size=block_size, dtype=torch.float16,
-                        q_lens=(513, 1, 64), seq_lens=(2500, 77, 64))
+                        q_lens=(513, 1, 64), seq_lens=(2500, 77, 64), workspace=workspace)
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 

@@ -9,9 +9,87 @@ position `seq_lens[b] - q_len[b] + i` and attends causally to cache positions `0
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+# Prefill workspace (`PrefillWorkspace`): quantized caches are dequantized once per step into a
+# float16 scratch copy of the batch's blocks when the prefill kernel would otherwise dequantize
+# each KV tile for many query tiles (compute-bound prefill; measured in results/prefill_s7).
+WORKSPACE_ENV = "KVPACK_PREFILL_WORKSPACE"  # "0": never, "1": whenever it fits, else the reuse rule
+WORKSPACE_TOKENS_ENV = "KVPACK_PREFILL_WORKSPACE_TOKENS"
+WORKSPACE_MAX_TOKENS = 32768  # cap on the workspace (tokens of one layer's K and V, all kv heads)
+WORKSPACE_TILE_TOKENS = 32  # query tokens per prefill program (128 rows at GQA 4)
+WORKSPACE_MIN_REUSE = 8  # query tiles per KV block, on average, for the workspace to pay off
+
+
+def workspace_max_tokens() -> int:
+    """The workspace cap in tokens: $KVPACK_PREFILL_WORKSPACE_TOKENS, else WORKSPACE_MAX_TOKENS
+    (0 when $KVPACK_PREFILL_WORKSPACE is "0")."""
+    if os.environ.get(WORKSPACE_ENV, "") == "0":
+        return 0
+    raw = os.environ.get(WORKSPACE_TOKENS_ENV, "")
+    try:
+        return max(0, int(raw)) if raw else WORKSPACE_MAX_TOKENS
+    except ValueError:
+        raise ValueError(f"{WORKSPACE_TOKENS_ENV}={raw!r} is not a whole number of tokens") from None
+
+
+@dataclass
+class PrefillWorkspace:
+    """Where the prefill kernel reads a dequantized copy of the batch's KV blocks (quantized caches).
+
+    src_blocks:   [N] int32, the physical block behind each workspace block (every block of every
+                  sequence of the batch, in order).
+    block_tables: [B, max_blocks] int32, the batch's block tables renumbered into the workspace.
+    num_blocks:   N (a Python int: the workspace is [N, Hkv, block_size, D] float16 per side).
+    """
+
+    src_blocks: torch.Tensor
+    block_tables: torch.Tensor
+    num_blocks: int
+
+    @staticmethod
+    def plan(query_lens, seq_lens, tables: np.ndarray, block_size: int, device,
+             force: bool | None = None) -> "PrefillWorkspace | None":
+        """The workspace for one step, or None where the fused kernel is the better choice.
+
+        tables: [B, max_blocks] int32 block tables. Rule: a workspace costs one pass over the
+        batch's blocks (read the codes, write float16) plus float16 reads in the kernel, the fused
+        kernel one dequantization per KV tile per query tile (WORKSPACE_TILE_TOKENS query tokens)
+        that reads it; so the workspace is planned when the blocks are read by >= WORKSPACE_MIN_REUSE
+        query tiles on average and hold <= `workspace_max_tokens()` tokens. force=True plans it
+        whenever it fits the cap, force=False never ($KVPACK_PREFILL_WORKSPACE "1" / "0" likewise)."""
+        env = os.environ.get(WORKSPACE_ENV, "")
+        if force is None and env in ("0", "1"):
+            force = env == "1"
+        if force is False or len(seq_lens) == 0:
+            return None
+        q = np.asarray(query_lens, dtype=np.int64)
+        nblk = (np.asarray(seq_lens, dtype=np.int64) + block_size - 1) // block_size
+        total = int(nblk.sum())
+        if total == 0 or total * block_size > workspace_max_tokens():
+            return None
+        tiles = (q + WORKSPACE_TILE_TOKENS - 1) // WORKSPACE_TILE_TOKENS
+        if not force and int((tiles * nblk).sum()) < WORKSPACE_MIN_REUSE * total:
+            return None
+        cols = np.arange(tables.shape[1])[None, :]
+        used = cols < nblk[:, None]
+        starts = np.cumsum(nblk) - nblk
+        ws_tables = np.where(used, starts[:, None] + cols, 0).astype(np.int32)
+        src = np.ascontiguousarray(tables[used], dtype=np.int32)  # row-major: sequence by sequence
+        if src.size != total:  # a table shorter than its sequence: leave it to the kernel's checks
+            return None
+
+        def dev(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x).to(device, non_blocking=True)
+
+        return PrefillWorkspace(dev(src), dev(ws_tables), total)
+
+    def to(self, device: torch.device | str) -> "PrefillWorkspace":
+        return PrefillWorkspace(self.src_blocks.to(device), self.block_tables.to(device), self.num_blocks)
 
 
 @dataclass
@@ -24,6 +102,8 @@ class AttentionMetadata:
     seq_lens:        [B] int32, context length of each sequence after this step.
     block_tables:    [B, max_blocks_per_seq] int32, physical block ids, padded with 0.
     max_query_len / max_seq_len: Python ints, the maxima of the above (for kernel grids).
+    workspace:       a `PrefillWorkspace` (the prefill kernel then reads quantized caches through a
+                     float16 copy), or None.
     """
 
     slot_mapping: torch.Tensor
@@ -32,6 +112,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    workspace: PrefillWorkspace | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -53,6 +134,7 @@ class AttentionMetadata:
             block_tables=self.block_tables.to(device),
             max_query_len=self.max_query_len,
             max_seq_len=self.max_seq_len,
+            workspace=self.workspace.to(device) if self.workspace is not None else None,
         )
 
     @classmethod
@@ -63,8 +145,11 @@ class AttentionMetadata:
         block_tables: list[list[int]],
         block_size: int,
         device: torch.device | str = "cpu",
+        workspace: bool | None = None,
     ) -> "AttentionMetadata":
-        """Build metadata from Python lists (the engine's and the tests' common path)."""
+        """Build metadata from Python lists (the engine's and the tests' common path). Batches
+        with a prefill get a `PrefillWorkspace` where its rule says so (workspace=None), always
+        when it fits (True), or never (False)."""
         assert len(query_lens) == len(seq_lens) == len(block_tables)
         slots: list[int] = []
         for q, s, table in zip(query_lens, seq_lens, block_tables):
@@ -86,4 +171,6 @@ class AttentionMetadata:
             block_tables=bt.to(device),
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
+            workspace=(PrefillWorkspace.plan(query_lens, seq_lens, bt.numpy(), block_size, device, workspace)
+                       if max(query_lens, default=0) > 1 else None),
         )

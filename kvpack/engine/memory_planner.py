@@ -7,7 +7,9 @@ tokens, at most 2 GiB.
 CUDA profile (as vLLM does it): after the weights are loaded, one dummy forward pass of the largest
 batch the scheduler can build (`max_num_batched_tokens` tokens over up to `max_num_seqs` prefill
 sequences, through the same paged attention path as serving, against a one-block scratch cache with
-every slot -1) plus the logits and the sampler's largest temporaries for `max_num_seqs` rows. Then
+every slot -1) plus the logits and the sampler's largest temporaries for `max_num_seqs` rows, with
+a quantized cache's prefill workspace (`attention.metadata.PrefillWorkspace`, float16 K and V of
+one layer for `workspace_max_tokens()` tokens: 128 MiB for Llama-3.1-8B) held throughout. Then
 
     kv_budget = utilization * total - peak_torch - non_torch - graph_reserve
 
@@ -184,7 +186,7 @@ def profile_cuda_memory(loaded: Any, cache_config: CacheConfig, device: torch.de
                         num_tokens: int) -> dict[str, int]:
     """Run the largest batch once and measure. Returns bytes: total, peak_torch, non_torch."""
     from kvpack.attention.kv_cache import allocate_kv_cache
-    from kvpack.attention.metadata import AttentionMetadata
+    from kvpack.attention.metadata import AttentionMetadata, workspace_max_tokens
     from kvpack.engine.sampler import apply_top_k_top_p
 
     model, mc = loaded.model, loaded.model_config
@@ -198,6 +200,15 @@ def profile_cuda_memory(loaded: Any, cache_config: CacheConfig, device: torch.de
             for t in (pool.codes, pool.scales, pool.zeros):
                 if t is not None:
                     t.zero_()
+    # the prefill workspace of one layer at its cap (quantized caches: `PrefillWorkspace`), held
+    # through the run so the peak counts it
+    lay = scratch.layers[0]
+    ws_bytes = 0
+    if lay.k.fmt.kind != "float" or lay.v.fmt.kind != "float":
+        per_token = sum(p.num_kv_heads * p.fmt.head_dim * (2 if p.fmt.kind != "float" else p.codes.element_size())
+                        for p in (lay.k, lay.v))
+        ws_bytes = workspace_max_tokens() * per_token
+    workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=device)
     lens = profile_batch(num_tokens, max_num_seqs)
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens]).to(device)
@@ -214,7 +225,7 @@ def profile_cuda_memory(loaded: Any, cache_config: CacheConfig, device: torch.de
     del hidden
     masked = apply_top_k_top_p(logits, [50] * rows, [0.9] * rows)  # the sampler's sort and scatter
     masked.softmax(dim=-1).argmax(dim=-1)
-    del logits, masked, scratch
+    del logits, masked, scratch, workspace
     torch.cuda.synchronize(device)
     peak_torch = torch.cuda.max_memory_allocated(device)
     free, total = torch.cuda.mem_get_info(device)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from kvpack.attention.kv_cache import KVCache
-from kvpack.attention.metadata import AttentionMetadata
+from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace
 from kvpack.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from kvpack.engine.scheduler import ScheduledBatch
 
@@ -167,6 +167,7 @@ def build_metadata(
         block_tables=dev(tables),
         max_query_len=int(q.max(initial=0)),
         max_seq_len=int(s.max(initial=0)),
+        workspace=PrefillWorkspace.plan(q, s, tables, block_size, device) if int(q.max(initial=0)) > 1 else None,
     )
     return metadata, dev(positions)
 

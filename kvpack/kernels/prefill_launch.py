@@ -159,6 +159,8 @@ def prefill_paged_attention(
     config / tile_map: override the tiling / reuse a `build_tile_map` result (same block_q).
     Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R before the kernel when K rotates,
     out @ R (+ the V mean of a centered V) after it when V rotates (`rotate_heads`).
+    Quantized caches with `metadata.workspace` planned (and q not float32) are first dequantized
+    into a float16 copy of the batch's blocks (`prefill_workspace`), which the kernel then reads.
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
@@ -190,6 +192,15 @@ def prefill_paged_attention(
 
     group = Hq // Hkv
     quantized = kp.fmt.kind != "float" or vp.fmt.kind != "float"
+    bt = metadata.block_tables
+    ws = metadata.workspace
+    if quantized and ws is not None and dtype != torch.float32:
+        # a float16 copy of the batch's blocks, then the float-cache kernel (rotations as planned above)
+        from kvpack.kernels.prefill_workspace import dequantize_to_workspace
+
+        kp, vp = dequantize_to_workspace(kp, vp, ws.src_blocks, ws.num_blocks)
+        bt = ws.block_tables
+        quantized = False
     cfg = config or pick_tile_config(D, q.device, dtype, quantized)
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
@@ -200,7 +211,6 @@ def prefill_paged_attention(
     carry = cfg.carry_block_ids
     if carry is None:
         carry = k_fmt != FMT_FLOAT and v_fmt != FMT_FLOAT
-    bt = metadata.block_tables
     grid = (tile_seq.numel(), Hkv)
     from kvpack.kernels.prefill_attention import _prefill_attn_kernel  # lazy: that module re-exports this one
     _prefill_attn_kernel[grid](

@@ -1,0 +1,122 @@
+"""Dequantize a batch's KV blocks into a float16 workspace for the prefill kernel (one launch).
+
+Prefill attention is compute-bound: the fused kernel dequantizes every KV tile once for each query
+tile that reads it (a 2048-token chunk: ~64 times per tile at GQA 4), which measured 1.26-1.33x
+the time of a bf16 cache for int4 and FP8 (results/prefill_s6). When `AttentionMetadata.workspace`
+(`kvpack.attention.metadata.PrefillWorkspace`) is planned, `prefill_paged_attention` first writes
+each block of the batch once as float16 values (this kernel) and then runs the float16-cache path
+of the same kernel over the renumbered block tables.
+
+Values are what the fused kernel's tiles hold: int8 and FP8 codes decode exactly, then times the
+per-token scale (one float16 rounding, as the fused kernel's packed fp16 multiply); static scales
+(which the fused kernel applies to the scores in float32) are applied here with one float16
+rounding; int4 is code * s + m in float16 arithmetic, channels in their natural order. Values stay
+rotated / centered: the launcher rotates q and the output as for the quantized cache. Float sides
+are copied as stored. float16's range applies (|value| < 65504, as for the fused kernel's int4).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpack.attention.kv_cache import CachePool
+from kvpack.formats import resolve_format
+from kvpack.kernels.quant import (
+    K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_f16_factor, int4_to_f16, int8_to_f16,
+)
+
+
+@triton.jit
+def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_ptr,
+                  cs0, cs1, cs2, ss0, ss1, ss2, ws0, ws1, ws2,
+                  FMT: tl.constexpr, MODE: tl.constexpr, GS: tl.constexpr, D: tl.constexpr,
+                  D_PAD: tl.constexpr, BS: tl.constexpr):
+    t = tl.arange(0, BS).to(tl.int64)
+    c_row = codes_ptr + src * cs0 + h * cs1 + t * cs2  # [BS] pointers
+    s_row = src * ss0 + h * ss1 + t * ss2  # [BS] element offsets
+    w_row = ws_ptr + w * ws0 + h * ws1 + t * ws2
+    if FMT == K_FMT_INT4:  # byte j: channel j (low nibble), channel j + D/2 (high)
+        HALF: tl.constexpr = D // 2
+        j = tl.arange(0, D_PAD // 2)
+        jm = (j < HALF)[None, :]
+        lo, hi = int4_to_f16(tl.load(c_row[:, None] + j[None, :], mask=jm, other=0))
+        g_lo = s_row[:, None] + (j // GS)[None, :]
+        g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
+        lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
+        hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
+        tl.store(w_row[:, None] + j[None, :], lo, mask=jm)
+        tl.store(w_row[:, None] + HALF + j[None, :], hi, mask=jm)
+    else:
+        d = tl.arange(0, D_PAD)
+        dm = (d < D)[None, :]
+        x = tl.load(c_row[:, None] + d[None, :], mask=dm, other=0)
+        if FMT == K_FMT_FLOAT:
+            tl.store(w_row[:, None] + d[None, :], x, mask=dm)
+        else:
+            if FMT == K_FMT_INT8:
+                x = int8_to_f16(x)  # exact
+                col = 1.0
+            else:  # FP8: exact values / fp8_f16_factor
+                x = fp8_decode_f16(x, FMT)
+                col = fp8_f16_factor(FMT)
+            if MODE == 1:  # per-token scale (float16) times the factor: exact, then one rounding
+                s = (tl.load(scales_ptr + s_row).to(tl.float32) * col)[:, None]
+            elif MODE == 2:
+                s = tl.load(static_ptr + h) * col
+            else:
+                s = col
+            tl.store(w_row[:, None] + d[None, :], (x.to(tl.float32) * s).to(tl.float16), mask=dm)
+
+
+@triton.jit
+def _dequant_blocks_kernel(src_ptr,
+                           kc_ptr, ks_ptr, kz_ptr, kst_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
+                           kws0, kws1, kws2,
+                           vc_ptr, vs_ptr, vz_ptr, vst_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
+                           vws0, vws1, vws2,
+                           K_FMT: tl.constexpr, K_MODE: tl.constexpr, K_GS: tl.constexpr,
+                           V_FMT: tl.constexpr, V_MODE: tl.constexpr, V_GS: tl.constexpr,
+                           D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr):
+    w = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    src = tl.load(src_ptr + w).to(tl.int64)
+    _dequant_side(src, w, h, kc_ptr, ks_ptr, kz_ptr, kst_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
+                  kws0, kws1, kws2, K_FMT, K_MODE, K_GS, D, D_PAD, BS)
+    _dequant_side(src, w, h, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
+                  vws0, vws1, vws2, V_FMT, V_MODE, V_GS, D, D_PAD, BS)
+
+
+_MODES = {"none": 0, "token": 1, "static": 2}
+
+
+def _side(pool: CachePool, num_blocks: int) -> tuple[list, list, CachePool]:
+    """(kernel args, constexprs, workspace pool) of one side."""
+    fmt = pool.fmt
+    codes = pool.codes
+    dtype = codes.dtype if fmt.kind == "float" else torch.float16
+    ws = torch.empty((num_blocks, pool.num_kv_heads, pool.block_size, fmt.head_dim), dtype=dtype,
+                     device=codes.device)
+    scales = pool.scales if pool.scales is not None else codes
+    zeros = pool.zeros if pool.zeros is not None else scales
+    static = pool.static_scale if pool.static_scale is not None else codes
+    args = [codes, scales, zeros, static, ws, *codes.stride()[:3], *scales.stride()[:3], *ws.stride()[:3]]
+    gs = fmt.group_size if fmt.kind == "int4" else 1
+    name = "float16" if fmt.kind != "float" else fmt.name
+    ws_fmt = resolve_format(name, head_dim=fmt.head_dim, model_dtype=dtype)
+    return args, [fmt.kernel_id, _MODES[fmt.scale_mode], gs], CachePool(ws, None, None, None, ws_fmt)
+
+
+def dequantize_to_workspace(kp: CachePool, vp: CachePool, src_blocks: torch.Tensor, num_blocks: int
+                            ) -> tuple[CachePool, CachePool]:
+    """Workspace pools [num_blocks, Hkv, block_size, D] (float16 for quantized sides, the stored
+    dtype for float ones) holding blocks src_blocks[i] of `kp` / `vp` at index i."""
+    k_args, k_c, k_ws = _side(kp, num_blocks)
+    v_args, v_c, v_ws = _side(vp, num_blocks)
+    if num_blocks:
+        d = kp.fmt.head_dim
+        _dequant_blocks_kernel[(num_blocks, kp.num_kv_heads)](
+            src_blocks, *k_args, *v_args, *k_c, *v_c, d, max(16, triton.next_power_of_2(d)), kp.block_size,
+            num_warps=4)
+    return k_ws, v_ws
