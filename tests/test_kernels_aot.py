@@ -1,6 +1,7 @@
 """Ahead-of-time compile of every kernel variant for Ampere (sm_80, sm_86): no GPU needed.
 
-Each variant is planned by the real launchers (`plan_write`, `plan_decode`) on CPU tensors, its
+Each variant is planned by the real launchers (`plan_write`, `plan_decode`, the prefill launcher with
+and without its workspace) on CPU tensors, its
 argument list turned into a Triton signature, and compiled with `triton.compile(ASTSource(...),
 target=GPUTarget("cuda", cc, 32))` down to a cubin (ptxas included). The PTX of the quantized
 variants must hold no hardware FP8 conversion (`cvt...e4m3` / `cvt...e5m2`: Ampere has none).
@@ -117,6 +118,10 @@ def variants():
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
             for fn, args, opts in captured_launches(lambda: prefill_paged_attention(pq, lc, pmeta, 0.1)):
                 out.append((f"prefill/{name}/D{D}", fn, args, opts))
+            if name != "bfloat16":  # the prefill workspace: dequantize the blocks, then the float-cache kernel
+                wmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16, workspace=True)
+                for fn, args, opts in captured_launches(lambda: prefill_paged_attention(pq, lc, wmeta, 0.1)):
+                    out.append((f"prefill-ws/{name}/D{D}/{fn.__name__}", fn, args, opts))
     # the q / output rotation around the attention kernels (rotated formats, centered V)
     from kvpack.kernels.rotate import rotate_heads
 
