@@ -46,8 +46,8 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_pt
         g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
         lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
         hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
-        tl.store(w_row[:, None] + j[None, :], lo, mask=jm)
-        tl.store(w_row[:, None] + HALF + j[None, :], hi, mask=jm)
+        tl.store(w_row[:, None] + j[None, :], lo.to(ws_ptr.dtype.element_ty), mask=jm)
+        tl.store(w_row[:, None] + HALF + j[None, :], hi.to(ws_ptr.dtype.element_ty), mask=jm)
     else:
         d = tl.arange(0, D_PAD)
         dm = (d < D)[None, :]
@@ -67,7 +67,7 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_pt
                 s = tl.load(static_ptr + h) * col
             else:
                 s = col
-            tl.store(w_row[:, None] + d[None, :], (x.to(tl.float32) * s).to(tl.float16), mask=dm)
+            tl.store(w_row[:, None] + d[None, :], (x.to(tl.float32) * s).to(ws_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
@@ -91,11 +91,11 @@ def _dequant_blocks_kernel(src_ptr,
 _MODES = {"none": 0, "token": 1, "static": 2}
 
 
-def _side(pool: CachePool, num_blocks: int) -> tuple[list, list, CachePool]:
+def _side(pool: CachePool, num_blocks: int, ws_dtype: torch.dtype) -> tuple[list, list, CachePool]:
     """(kernel args, constexprs, workspace pool) of one side."""
     fmt = pool.fmt
     codes = pool.codes
-    dtype = codes.dtype if fmt.kind == "float" else torch.float16
+    dtype = codes.dtype if fmt.kind == "float" else ws_dtype
     ws = torch.empty((num_blocks, pool.num_kv_heads, pool.block_size, fmt.head_dim), dtype=dtype,
                      device=codes.device)
     scales = pool.scales if pool.scales is not None else codes
@@ -103,17 +103,17 @@ def _side(pool: CachePool, num_blocks: int) -> tuple[list, list, CachePool]:
     static = pool.static_scale if pool.static_scale is not None else codes
     args = [codes, scales, zeros, static, ws, *codes.stride()[:3], *scales.stride()[:3], *ws.stride()[:3]]
     gs = fmt.group_size if fmt.kind == "int4" else 1
-    name = "float16" if fmt.kind != "float" else fmt.name
+    name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype] if fmt.kind != "float" else fmt.name
     ws_fmt = resolve_format(name, head_dim=fmt.head_dim, model_dtype=dtype)
     return args, [fmt.kernel_id, _MODES[fmt.scale_mode], gs], CachePool(ws, None, None, None, ws_fmt)
 
 
-def dequantize_to_workspace(kp: CachePool, vp: CachePool, src_blocks: torch.Tensor, num_blocks: int
-                            ) -> tuple[CachePool, CachePool]:
-    """Workspace pools [num_blocks, Hkv, block_size, D] (float16 for quantized sides, the stored
+def dequantize_to_workspace(kp: CachePool, vp: CachePool, src_blocks: torch.Tensor, num_blocks: int,
+                            ws_dtype: torch.dtype = torch.float16) -> tuple[CachePool, CachePool]:
+    """Workspace pools [num_blocks, Hkv, block_size, D] (ws_dtype for quantized sides, the stored
     dtype for float ones) holding blocks src_blocks[i] of `kp` / `vp` at index i."""
-    k_args, k_c, k_ws = _side(kp, num_blocks)
-    v_args, v_c, v_ws = _side(vp, num_blocks)
+    k_args, k_c, k_ws = _side(kp, num_blocks, ws_dtype)
+    v_args, v_c, v_ws = _side(vp, num_blocks, ws_dtype)
     if num_blocks:
         d = kp.fmt.head_dim
         _dequant_blocks_kernel[(num_blocks, kp.num_kv_heads)](
