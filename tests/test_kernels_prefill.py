@@ -269,12 +269,14 @@ def test_workspace_bf16_q_and_gqa():
     torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name,static", [("int8", False), ("int8", True), ("int4", False), ("fp8_e4m3", False),
                                          ("fp8_e4m3", True), ("fp8_e5m2", False), ("bfloat16", False)])
-def test_workspace_values(name, static):
+def test_workspace_values(name, static, ws_dtype):
     """Workspace values: the format's own dequantization (`KVFormat.dequantize`, float32) rounded
-    once to float16 (int8 / FP8: exact products; int4: code * s + m in float16 arithmetic, within
-    one float16 ulp), block src_blocks[i] at index i; float sides copied bit for bit."""
+    once to the workspace dtype (int8 / FP8: exact products; int4: code * s + m in float16
+    arithmetic, then rounded: within the two roundings' bound), block src_blocks[i] at index i;
+    float sides copied bit for bit."""
     from kvpack.kernels.prefill_workspace import dequantize_to_workspace
 
     gen = torch.Generator().manual_seed(3)
@@ -286,8 +288,9 @@ def test_workspace_values(name, static):
     slots = torch.arange(6 * bs)
     reference.write_kv(x, x, LayerKVCache(pool, pool), slots)
     src = torch.tensor([4, 0, 5], dtype=torch.int32)
-    k_ws, v_ws = dequantize_to_workspace(pool, pool, src.to(DEV), 3)
+    k_ws, v_ws = dequantize_to_workspace(pool, pool, src.to(DEV), 3, ws_dtype)
     assert k_ws.codes.shape == (3, hkv, bs, d) and k_ws.fmt.kind == "float"
+    assert k_ws.codes.dtype == (pool.codes.dtype if fmt.kind == "float" else ws_dtype)
     flat = lambda t: None if t is None else t.flatten(0, 1)  # noqa: E731  [blocks * bs ...] rows
     want = fmt.dequantize(pool.codes.permute(0, 2, 1, 3).flatten(0, 1),
                           flat(pool.scales.permute(0, 2, 1, 3)) if pool.scales is not None else None,
@@ -297,12 +300,13 @@ def test_workspace_values(name, static):
     got = k_ws.codes.float()
     if fmt.kind == "float":
         assert k_ws.codes.dtype == pool.codes.dtype and torch.equal(k_ws.codes, pool.codes[src.long()])
-    elif fmt.kind == "int4":  # two float16 roundings (code * s, then + m) against one of want
+    elif fmt.kind == "int4":  # float16 roundings of code * s and of + m, then the workspace's
         m = pool.zeros.float()[src.long()].repeat_interleave(fmt.group_size, dim=-1)
-        bound = 2.0 ** -11 * ((want - m).abs() + 2 * want.abs()) + 2.0 ** -24
+        ulp = 2.0 ** -11 if ws_dtype == torch.float16 else 2.0 ** -8
+        bound = 2.0 ** -11 * ((want - m).abs() + want.abs()) + ulp * want.abs() + 2.0 ** -24
         assert ((got - want).abs() <= bound).all()
     else:
-        assert torch.equal(got, want.half().float())
+        assert torch.equal(got, want.to(ws_dtype).float())
     assert torch.equal(v_ws.codes, k_ws.codes)
 
 

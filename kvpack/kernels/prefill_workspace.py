@@ -1,18 +1,19 @@
-"""Dequantize a batch's KV blocks into a float16 workspace for the prefill kernel (one launch).
+"""Dequantize a batch's KV blocks into a bf16 / fp16 workspace for the prefill kernel (one launch).
 
 Prefill attention is compute-bound: the fused kernel dequantizes every KV tile once for each query
-tile that reads it (a 2048-token chunk: ~64 times per tile at GQA 4), which measured 1.26-1.33x
-the time of a bf16 cache for int4 and FP8 (results/prefill_s6). When `AttentionMetadata.workspace`
-(`kvpack.attention.metadata.PrefillWorkspace`) is planned, `prefill_paged_attention` first writes
-each block of the batch once as float16 values (this kernel) and then runs the float16-cache path
-of the same kernel over the renumbered block tables.
+tile that reads it (a 2048-token chunk: ~64 times per tile at GQA 4), and its quantized sides run
+fp16 operands, for which a bf16 q is converted in the kernel (measured ~10 % slower than a q that
+loads as its operand). When `AttentionMetadata.workspace` (`kvpack.attention.metadata.PrefillWorkspace`)
+is planned, `prefill_paged_attention` first writes each block of the batch once, in q's dtype
+(this kernel), and then runs the bf16 / fp16-cache path of the same kernel over the renumbered
+block tables (results/prefill_s7).
 
-Values are what the fused kernel's tiles hold: int8 and FP8 codes decode exactly, then times the
-per-token scale (one float16 rounding, as the fused kernel's packed fp16 multiply); static scales
-(which the fused kernel applies to the scores in float32) are applied here with one float16
-rounding; int4 is code * s + m in float16 arithmetic, channels in their natural order. Values stay
-rotated / centered: the launcher rotates q and the output as for the quantized cache. Float sides
-are copied as stored. float16's range applies (|value| < 65504, as for the fused kernel's int4).
+Values: int8 and FP8 codes decode exactly, times their scale (per-token or static), rounded once
+to the workspace dtype; int4 is code * s + m in float16 arithmetic (as the fused kernel's tiles),
+then rounded. Values stay rotated / centered: the launcher rotates q and the output as for the
+quantized cache. Float sides are copied as stored. A bf16 workspace (bf16 models) rounds each value
+to 2^-9 relative: next to int8's step (absmax / 127) that adds ~1.5 % to the RMS error of an
+int8 cache and less to the coarser formats. float16's range applies to an fp16 workspace.
 """
 
 from __future__ import annotations
@@ -24,8 +25,19 @@ import triton.language as tl
 from kvpack.attention.kv_cache import CachePool
 from kvpack.formats import resolve_format
 from kvpack.kernels.quant import (
-    K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_f16_factor, int4_to_f16, int8_to_f16,
+    K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_f16_factor, int4_to_f16,
+    int8_to_f16,
 )
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr):
+    """float32 / float16 x -> dtype, nearest even (the interpreter truncates a plain bf16 cast)."""
+    if dtype == tl.bfloat16:
+        y = f32_to_bf16_rne(x.to(tl.float32))
+    else:
+        y = x.to(dtype)
+    return y
 
 
 @triton.jit
@@ -46,8 +58,8 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_pt
         g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
         lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
         hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
-        tl.store(w_row[:, None] + j[None, :], lo.to(ws_ptr.dtype.element_ty), mask=jm)
-        tl.store(w_row[:, None] + HALF + j[None, :], hi.to(ws_ptr.dtype.element_ty), mask=jm)
+        tl.store(w_row[:, None] + j[None, :], _round_to(lo, ws_ptr.dtype.element_ty), mask=jm)
+        tl.store(w_row[:, None] + HALF + j[None, :], _round_to(hi, ws_ptr.dtype.element_ty), mask=jm)
     else:
         d = tl.arange(0, D_PAD)
         dm = (d < D)[None, :]
@@ -67,7 +79,7 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_pt
                 s = tl.load(static_ptr + h) * col
             else:
                 s = col
-            tl.store(w_row[:, None] + d[None, :], (x.to(tl.float32) * s).to(ws_ptr.dtype.element_ty), mask=dm)
+            tl.store(w_row[:, None] + d[None, :], _round_to(x.to(tl.float32) * s, ws_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
