@@ -20,7 +20,7 @@ from kvpack.attention import reference
 from kvpack.attention.kv_cache import LayerKVCache, allocate_pool
 from kvpack.attention.metadata import AttentionMetadata
 from kvpack.config import KVPackError
-from kvpack.formats import resolve_format
+from kvpack.formats import hadamard_transform, resolve_format
 from kvpack.kernels.prefill_attention import TileConfig, build_tile_map, prefill_paged_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,10 +42,10 @@ def _fill_garbage(pool) -> None:
 
 def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, block_size=16,
              dtype=torch.float16, static=False, rotate=True, config=None, seed=0, device=DEV,
-             attention=None, q_scale=1.0, int4_group_size=32, workspace=False):
+             attention=None, q_scale=1.0, int4_group_size=32, workspace=False, means=False):
     """Build a shuffled paged cache, write every position with the reference, attend with both.
     workspace: the prefill workspace (`AttentionMetadata.build`'s argument: False never, True
-    always, None its rule). Returns (kernel output, reference output), both float32 [T, Hq, D]."""
+    always, None its rule); means: centered K and V. Returns (kernel output, reference output), both float32 [T, Hq, D]."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     fk = resolve_format(k_name, head_dim=head_dim, static=static, rotate=rotate, model_dtype=dtype,
@@ -71,6 +71,9 @@ def run_case(k_name, v_name, *, q_lens, seq_lens, head_dim=64, hq=4, hkv=2, bloc
     _fill_garbage(kp)
     _fill_garbage(vp)
     layer = LayerKVCache(kp, vp)
+    if means:  # centered K and V (the layer's means, subtracted before quantization)
+        layer = LayerKVCache(kp, vp, torch.randn(hkv, head_dim, generator=gen).to(device),
+                             torch.randn(hkv, head_dim, generator=gen).to(device))
     every = AttentionMetadata.build(list(seq_lens), list(seq_lens), tables, block_size, device)
     k = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
     v = torch.randn(sum(seq_lens), hkv, head_dim, generator=gen).to(device)
@@ -263,6 +266,22 @@ def test_workspace_matches_reference(k_name, v_name, static):
         torch.testing.assert_close(out, ref, **tol)
 
 
+@pytest.mark.parametrize("k_name,v_name", [("int4", "fp8_e4m3"), ("fp8_e5m2", "int4"), ("int8", "fp8_e5m2")])
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_workspace_centered_and_rotated(k_name, v_name, head_dim):
+    """Centered, rotated sides: the workspace undoes the rotation (and adds V's mean back) where it
+    can (8-bit kinds, int4 at a power-of-two head dim), else q and the output are rotated around the
+    kernel as for the fused path; both against the reference."""
+    from kvpack.kernels.prefill_workspace import can_unrotate
+
+    out, ref = run_case(k_name, v_name, head_dim=head_dim, workspace=True, means=True, **MIXED)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
+    fmt = resolve_format("int4", head_dim=head_dim)
+    assert can_unrotate(fmt) == (head_dim == 64)
+    assert can_unrotate(resolve_format("fp8_e4m3", head_dim=head_dim))
+    assert not can_unrotate(resolve_format("int8", head_dim=head_dim))  # nothing to undo
+
+
 def test_workspace_bf16_q_and_gqa():
     """bf16 q (fp16 operands, output rounded to bf16: 2^-9), GQA 4, as test_bf16_q_with_quantized_cache."""
     out, ref = run_case("int4", "int8", hq=8, hkv=2, dtype=torch.bfloat16, workspace=True, **MIXED)
@@ -308,6 +327,14 @@ def test_workspace_values(name, static, ws_dtype):
     else:
         assert torch.equal(got, want.to(ws_dtype).float())
     assert torch.equal(v_ws.codes, k_ws.codes)
+    if fmt.rotate and fmt.kind != "int4":  # D = 80 here: int4 cannot undo its rotation, 8-bit kinds can
+        mean = torch.randn(hkv, d, generator=gen).to(DEV)
+        k_un, v_un = dequantize_to_workspace(pool, pool, src.to(DEV), 3, ws_dtype, unrotate_k=True,
+                                             unrotate_v=True, v_mean=mean)
+        want_k = hadamard_transform(want.cpu().permute(0, 2, 1, 3)).permute(0, 2, 1, 3)  # x @ R: R @ R = I
+        want_v = want_k + mean.cpu()[None, :, None, :]
+        for got_ws, w in ((k_un, want_k), (v_un, want_v)):
+            torch.testing.assert_close(got_ws.codes.float().cpu(), w.to(ws_dtype).float(), atol=1e-6, rtol=0)
 
 
 def test_workspace_plan_rule(monkeypatch):

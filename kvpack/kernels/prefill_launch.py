@@ -160,7 +160,8 @@ def prefill_paged_attention(
     Returns out [T, Hq, D] in q's dtype. Rotated formats: q @ R before the kernel when K rotates,
     out @ R (+ the V mean of a centered V) after it when V rotates (`rotate_heads`).
     Quantized caches with `metadata.workspace` planned (and q not float32) are first dequantized
-    into a copy of the batch's blocks in q's dtype (`prefill_workspace`), which the kernel then reads.
+    into a copy of the batch's blocks in q's dtype (`prefill_workspace`; rotation and V centering
+    undone there where it can), which the kernel then reads.
     """
     kp, vp = layer_cache.k, layer_cache.v
     if q.dim() != 3 or q.dtype not in _DOT_DTYPES:
@@ -182,13 +183,20 @@ def prefill_paged_attention(
     if T == 0 or num_seqs == 0:
         return out
     dtype = q.dtype
-    v_mean = layer_cache.v_mean
-    rotate_out = vp.fmt.rotate
     quantized = kp.fmt.kind != "float" or vp.fmt.kind != "float"
     ws = metadata.workspace if quantized and dtype != torch.float32 else None
+    # the workspace undoes the rotation (and V's centering) where it can: then neither q nor the
+    # output is rotated around the kernel
+    from kvpack.kernels.prefill_workspace import can_unrotate, dequantize_to_workspace
+
+    k_ws_rot = ws is not None and can_unrotate(kp.fmt)
+    v_ws_post = ws is not None and (not vp.fmt.rotate or can_unrotate(vp.fmt))
+    rotate_q = kp.fmt.rotate and not k_ws_rot
+    rotate_out = vp.fmt.rotate and not v_ws_post
+    v_mean = None if v_ws_post else layer_cache.v_mean
     # rotated K: q @ R in float32 for the fused kernel; in q's dtype for the workspace (a bf16 / fp16
     # cache kernel: q loads as its operand, where an in-kernel conversion measured ~10 % slower)
-    q_in = rotate_heads(q, torch.float32 if ws is None else dtype) if kp.fmt.rotate else q
+    q_in = rotate_heads(q, torch.float32 if ws is None else dtype) if rotate_q else q
     # float32 kernel output when something follows it: out = o @ R + V mean, one launch
     o = torch.empty(q.shape, dtype=torch.float32, device=q.device) if rotate_out or v_mean is not None else out
     if q_in.stride(-1) != 1:
@@ -197,9 +205,9 @@ def prefill_paged_attention(
     group = Hq // Hkv
     bt = metadata.block_tables
     if ws is not None:  # a copy of the batch's blocks in q's dtype, then the float-cache kernel
-        from kvpack.kernels.prefill_workspace import dequantize_to_workspace
-
-        kp, vp = dequantize_to_workspace(kp, vp, ws.src_blocks, ws.num_blocks, dtype)
+        kp, vp = dequantize_to_workspace(kp, vp, ws.src_blocks, ws.num_blocks, dtype, unrotate_k=k_ws_rot,
+                                         unrotate_v=v_ws_post and vp.fmt.rotate,
+                                         v_mean=layer_cache.v_mean if v_ws_post else None)
         bt = ws.block_tables
         quantized = False
     cfg = config or pick_tile_config(D, q.device, dtype, quantized)

@@ -8,12 +8,15 @@ is planned, `prefill_paged_attention` first writes each block of the batch once,
 (this kernel), and then runs the bf16 / fp16-cache path of the same kernel over the renumbered
 block tables (results/prefill_s7).
 
-Values: int8 and FP8 codes decode exactly, times their scale (per-token or static), rounded once
-to the workspace dtype; int4 is code * s + m in float16 arithmetic (as the fused kernel's tiles),
-then rounded. Values stay rotated / centered: the launcher rotates q and the output as for the
-quantized cache. Float sides are copied as stored. A bf16 workspace (bf16 models) rounds each value
-to 2^-9 relative: next to int8's step (absmax / 127) that adds ~1.5 % to the RMS error of an
-int8 cache and less to the coarser formats. float16's range applies to an fp16 workspace.
+Values: int8 and FP8 codes decode exactly, times their scale (per-token or static), in float32;
+int4 is code * s + m. A rotated side is rotated back there (x @ R again, the storage butterflies:
+R @ R = I) where `can_unrotate` says so, and a centered V gets its mean back, so that neither q nor
+the output is rotated around the kernel (int4 at head dims 80 / 96 keeps its rotation, and the
+launcher rotates q and the output as for the fused path). Each value is then rounded once to the
+workspace dtype (int4 without un-rotation: code * s + m in float16 arithmetic first, as the fused
+kernel's tiles). Float sides are copied as stored. A bf16 workspace (bf16 models) rounds each value
+to 2^-9 relative: next to int8's step (absmax / 127) that adds ~1.5 % to the RMS error of an int8
+cache and less to the coarser formats. float16's range applies to an fp16 workspace.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import triton
 import triton.language as tl
 
 from kvpack.attention.kv_cache import CachePool
-from kvpack.formats import resolve_format
+from kvpack.formats import hadamard_block_size, hadamard_norm, resolve_format
 from kvpack.kernels.quant import (
     K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_f16_factor, int4_to_f16,
     int8_to_f16,
 )
+from kvpack.kernels.rotate import _hadamard
 
 
 @triton.jit
@@ -41,14 +45,17 @@ def _round_to(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_ptr,
+def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr, ws_ptr,
                   cs0, cs1, cs2, ss0, ss1, ss2, ws0, ws1, ws2,
-                  FMT: tl.constexpr, MODE: tl.constexpr, GS: tl.constexpr, D: tl.constexpr,
+                  FMT: tl.constexpr, MODE: tl.constexpr, GS: tl.constexpr, ROT: tl.constexpr,
+                  HB: tl.constexpr, NORM: tl.constexpr, ADD_MEAN: tl.constexpr, D: tl.constexpr,
                   D_PAD: tl.constexpr, BS: tl.constexpr):
     t = tl.arange(0, BS).to(tl.int64)
     c_row = codes_ptr + src * cs0 + h * cs1 + t * cs2  # [BS] pointers
     s_row = src * ss0 + h * ss1 + t * ss2  # [BS] element offsets
     w_row = ws_ptr + w * ws0 + h * ws1 + t * ws2
+    d = tl.arange(0, D_PAD)
+    dm = (d < D)[None, :]
     if FMT == K_FMT_INT4:  # byte j: channel j (low nibble), channel j + D/2 (high)
         HALF: tl.constexpr = D // 2
         j = tl.arange(0, D_PAD // 2)
@@ -56,13 +63,23 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_pt
         lo, hi = int4_to_f16(tl.load(c_row[:, None] + j[None, :], mask=jm, other=0))
         g_lo = s_row[:, None] + (j // GS)[None, :]
         g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
-        lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
-        hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
-        tl.store(w_row[:, None] + j[None, :], _round_to(lo, ws_ptr.dtype.element_ty), mask=jm)
-        tl.store(w_row[:, None] + HALF + j[None, :], _round_to(hi, ws_ptr.dtype.element_ty), mask=jm)
+        if ROT:  # D a power of two (`can_unrotate`): whole rows in float32, x @ R, (+ mean)
+            lo = lo.to(tl.float32) * tl.load(scales_ptr + g_lo).to(tl.float32) + tl.load(zeros_ptr + g_lo).to(tl.float32)
+            hi = hi.to(tl.float32) * tl.load(scales_ptr + g_hi).to(tl.float32) + tl.load(zeros_ptr + g_hi).to(tl.float32)
+            x = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BS, D))
+            x = _hadamard(x, BS, D, HB, NORM)
+            if ADD_MEAN:
+                x = x + tl.load(mean_ptr + h * D + d)[None, :]
+            tl.store(w_row[:, None] + d[None, :], _round_to(x, ws_ptr.dtype.element_ty))
+        else:
+            lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
+            hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
+            if ADD_MEAN:
+                lo = lo.to(tl.float32) + tl.load(mean_ptr + h * D + j, mask=j < HALF, other=0.0)[None, :]
+                hi = hi.to(tl.float32) + tl.load(mean_ptr + h * D + HALF + j, mask=j < HALF, other=0.0)[None, :]
+            tl.store(w_row[:, None] + j[None, :], _round_to(lo, ws_ptr.dtype.element_ty), mask=jm)
+            tl.store(w_row[:, None] + HALF + j[None, :], _round_to(hi, ws_ptr.dtype.element_ty), mask=jm)
     else:
-        d = tl.arange(0, D_PAD)
-        dm = (d < D)[None, :]
         x = tl.load(c_row[:, None] + d[None, :], mask=dm, other=0)
         if FMT == K_FMT_FLOAT:
             tl.store(w_row[:, None] + d[None, :], x, mask=dm)
@@ -79,31 +96,48 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, ws_pt
                 s = tl.load(static_ptr + h) * col
             else:
                 s = col
-            tl.store(w_row[:, None] + d[None, :], _round_to(x.to(tl.float32) * s, ws_ptr.dtype.element_ty), mask=dm)
+            x = x.to(tl.float32) * s
+            if ROT:  # padding channels are 0 and fill Hadamard blocks of their own
+                x = _hadamard(x, BS, D_PAD, HB, NORM)
+            if ADD_MEAN:
+                x = x + tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
+            tl.store(w_row[:, None] + d[None, :], _round_to(x, ws_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
 def _dequant_blocks_kernel(src_ptr,
-                           kc_ptr, ks_ptr, kz_ptr, kst_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
+                           kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
                            kws0, kws1, kws2,
-                           vc_ptr, vs_ptr, vz_ptr, vst_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
+                           vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
                            vws0, vws1, vws2,
-                           K_FMT: tl.constexpr, K_MODE: tl.constexpr, K_GS: tl.constexpr,
-                           V_FMT: tl.constexpr, V_MODE: tl.constexpr, V_GS: tl.constexpr,
-                           D: tl.constexpr, D_PAD: tl.constexpr, BS: tl.constexpr):
+                           K_FMT: tl.constexpr, K_MODE: tl.constexpr, K_GS: tl.constexpr, K_ROT: tl.constexpr,
+                           K_MEAN: tl.constexpr,
+                           V_FMT: tl.constexpr, V_MODE: tl.constexpr, V_GS: tl.constexpr, V_ROT: tl.constexpr,
+                           V_MEAN: tl.constexpr,
+                           HB: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                           BS: tl.constexpr):
     w = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     src = tl.load(src_ptr + w).to(tl.int64)
-    _dequant_side(src, w, h, kc_ptr, ks_ptr, kz_ptr, kst_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
-                  kws0, kws1, kws2, K_FMT, K_MODE, K_GS, D, D_PAD, BS)
-    _dequant_side(src, w, h, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
-                  vws0, vws1, vws2, V_FMT, V_MODE, V_GS, D, D_PAD, BS)
+    _dequant_side(src, w, h, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
+                  kws0, kws1, kws2, K_FMT, K_MODE, K_GS, K_ROT, HB, NORM, K_MEAN, D, D_PAD, BS)
+    _dequant_side(src, w, h, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
+                  vws0, vws1, vws2, V_FMT, V_MODE, V_GS, V_ROT, HB, NORM, V_MEAN, D, D_PAD, BS)
 
 
 _MODES = {"none": 0, "token": 1, "static": 2}
 
 
-def _side(pool: CachePool, num_blocks: int, ws_dtype: torch.dtype) -> tuple[list, list, CachePool]:
+def can_unrotate(fmt) -> bool:
+    """Whether the workspace can store a rotated side un-rotated (x @ R again: R @ R = I): any
+    rotated 8-bit kind; int4 when the head dim is a power of two (its nibble halves then hold whole
+    Hadamard blocks)."""
+    d = fmt.head_dim
+    return fmt.rotate and (fmt.kind != "int4" or d & (d - 1) == 0)
+
+
+def _side(pool: CachePool, num_blocks: int, ws_dtype: torch.dtype, unrotate: bool,
+          mean: torch.Tensor | None) -> tuple[list, list, CachePool]:
     """(kernel args, constexprs, workspace pool) of one side."""
     fmt = pool.fmt
     codes = pool.codes
@@ -113,22 +147,33 @@ def _side(pool: CachePool, num_blocks: int, ws_dtype: torch.dtype) -> tuple[list
     scales = pool.scales if pool.scales is not None else codes
     zeros = pool.zeros if pool.zeros is not None else scales
     static = pool.static_scale if pool.static_scale is not None else codes
-    args = [codes, scales, zeros, static, ws, *codes.stride()[:3], *scales.stride()[:3], *ws.stride()[:3]]
+    if mean is not None:
+        mean = mean.to(device=codes.device, dtype=torch.float32).contiguous()
+    args = [codes, scales, zeros, static, mean if mean is not None else codes, ws,
+            *codes.stride()[:3], *scales.stride()[:3], *ws.stride()[:3]]
     gs = fmt.group_size if fmt.kind == "int4" else 1
     name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype] if fmt.kind != "float" else fmt.name
     ws_fmt = resolve_format(name, head_dim=fmt.head_dim, model_dtype=dtype)
-    return args, [fmt.kernel_id, _MODES[fmt.scale_mode], gs], CachePool(ws, None, None, None, ws_fmt)
+    consts = [fmt.kernel_id, _MODES[fmt.scale_mode], gs, bool(unrotate), mean is not None]
+    return args, consts, CachePool(ws, None, None, None, ws_fmt)
 
 
 def dequantize_to_workspace(kp: CachePool, vp: CachePool, src_blocks: torch.Tensor, num_blocks: int,
-                            ws_dtype: torch.dtype = torch.float16) -> tuple[CachePool, CachePool]:
+                            ws_dtype: torch.dtype = torch.float16, unrotate_k: bool = False,
+                            unrotate_v: bool = False, v_mean: torch.Tensor | None = None
+                            ) -> tuple[CachePool, CachePool]:
     """Workspace pools [num_blocks, Hkv, block_size, D] (ws_dtype for quantized sides, the stored
-    dtype for float ones) holding blocks src_blocks[i] of `kp` / `vp` at index i."""
-    k_args, k_c, k_ws = _side(kp, num_blocks, ws_dtype)
-    v_args, v_c, v_ws = _side(vp, num_blocks, ws_dtype)
+    dtype for float ones) holding blocks src_blocks[i] of `kp` / `vp` at index i. unrotate_k /
+    unrotate_v: store x @ R of a rotated side (the unrotated values; `can_unrotate` must hold);
+    v_mean [Hkv, D]: add V's centering mean back."""
+    for flag, pool in ((unrotate_k, kp), (unrotate_v, vp)):
+        assert not flag or can_unrotate(pool.fmt), pool.fmt
+    k_args, k_c, k_ws = _side(kp, num_blocks, ws_dtype, unrotate_k, None)
+    v_args, v_c, v_ws = _side(vp, num_blocks, ws_dtype, unrotate_v, v_mean)
     if num_blocks:
         d = kp.fmt.head_dim
+        hb = hadamard_block_size(d)
         _dequant_blocks_kernel[(num_blocks, kp.num_kv_heads)](
-            src_blocks, *k_args, *v_args, *k_c, *v_c, d, max(16, triton.next_power_of_2(d)), kp.block_size,
-            num_warps=4)
+            src_blocks, *k_args, *v_args, *k_c, *v_c, hb, hadamard_norm(hb), d,
+            max(16, triton.next_power_of_2(d)), kp.block_size, num_warps=4, enable_fp_fusion=False)
     return k_ws, v_ws
