@@ -222,18 +222,20 @@ def test_decode_frag_gpu_group_sizes(Hq, Hkv):
 
 @pytest.mark.parametrize("k_name,v_name,D,Hq,bs,want", [
     ("int8", "int8", 128, 4, 16, "frag"), ("fp8_e4m3", "int8-static", 128, 32, 8, "frag"),
-    ("int4", "int4", 128, 4, 16, "dot"), ("int8", "bfloat16", 128, 4, 16, "dot"), ("int8", "int8", 64, 4, 16, "dot"),
-    ("int8", "int8", 128, 34, 16, "dot"), ("int8", "int8", 128, 4, 4, "dot")])
+    ("int4", "int4", 128, 4, 16, "dot"), ("int8", "bfloat16", 128, 4, 16, "imma"), ("int8", "int8", 64, 4, 16, "imma"),
+    ("int8", "int8", 128, 34, 16, "imma"), ("int8", "int8", 128, 4, 4, "imma"), ("fp8_e5m2", "fp8_e4m3", 64, 4, 16, "dot")])
 def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
     """"frag" covers 8-bit codes on both sides, head_dim 128, GQA groups <= 16 and blocks >= 8 when
-    compiled for a GPU; the plan falls back to "dot" elsewhere, and always in the CPU interpreter."""
+    compiled for a GPU; the plan falls back elsewhere, and always in the CPU interpreter: to "imma"
+    for int8 K (session 7), else "dot"."""
     import kvpack.kernels.decode_attention as da
 
     q, lc, meta = build_case(k_name, v_name, [3, 40], Hq, 2, D, bs)
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as for a GPU (planning launches nothing)
     assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == want
     monkeypatch.setattr(da, "INTERPRET", True)
-    assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == "dot"
+    fallback = "imma" if k_name == "int8" else "dot"
+    assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == fallback
 
 
 @pytest.mark.parametrize("kinds", [("fp8_e4m3", "fp8_e5m2"), ("int8", "int8"), ("int8-static", "int8")])
