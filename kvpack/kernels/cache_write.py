@@ -37,26 +37,15 @@ def _absmax_scale(x, QMAX: tl.constexpr):
 
 
 @triton.jit
-def _int4_groups(x, scales_ptr, zeros_ptr, s_off, tmask, BT: tl.constexpr, HALF: tl.constexpr,
-                 NGH: tl.constexpr, G: tl.constexpr, QMAX: tl.constexpr):
-    """int4 group parameters of one half x [BT, HALF] (groups of G inside it): stores fp16 s and m
-    at s_off [BT, NGH] and returns s, 1/s and m broadcast to [BT, HALF] (float32)."""
-    xr = tl.reshape(x, (BT, NGH, G))
-    mx = tl.max(xr, axis=2)
-    mn = tl.min(xr, axis=2)
-    s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
-    s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
-    m = mn.to(tl.float16)
-    tl.store(scales_ptr + s_off, s.to(tl.float16), mask=tmask[:, None])
-    tl.store(zeros_ptr + s_off, m, mask=tmask[:, None])
-    s_b = tl.reshape(tl.broadcast_to(s[:, :, None], (BT, NGH, G)), (BT, HALF))
-    r_b = tl.reshape(tl.broadcast_to(tl.math.div_rn(1.0, s)[:, :, None], (BT, NGH, G)), (BT, HALF))
-    m_b = tl.reshape(tl.broadcast_to(m.to(tl.float32)[:, :, None], (BT, NGH, G)), (BT, HALF))
-    return s_b, r_b, m_b
+def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PAD: tl.constexpr):
+    """The program's rows of one side [BT, D_PAD] in the input dtype (padding 0)."""
+    d = tl.arange(0, D_PAD)
+    x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh
+    return tl.load(x_row[:, None] + d[None, :], mask=tmask[:, None] & (d < D)[None, :], other=0.0)
 
 
 @triton.jit
-def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr,
+def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr,
                 cs0, cs1, cs2, ss0, ss1, ss2, blk, off, tok, tmask, h,
                 FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
                 D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
@@ -65,73 +54,84 @@ def _write_side(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, s
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh  # [BT] pointers
     c_row = blk * cs0 + h * cs1 + off * cs2  # [BT] int64 element offsets
     s_row = blk * ss0 + h * ss1 + off * ss2
-    if FMT == K_FMT_INT4:
+    if FMT == K_FMT_INT4 and D == D_PAD:  # a power-of-two head dim: whole rows, groups in place
+        d = tl.arange(0, D)
+        x = x_in.to(tl.float32)
+        if CENTER:
+            x = x - tl.load(mean_ptr + h * D + d)[None, :]
+        if ROTATE:
+            x = _hadamard(x, BT, D, HB, NORM)
+        # groups: reductions over the last axis of [BT, NG, G] kept as size-1 axes, so the parameters
+        # broadcast back in the same layout (no reshape of a broadcast: that went through shared memory)
+        xg = tl.reshape(x, (BT, NG, G))
+        mx = tl.max(xg, axis=2, keep_dims=True)
+        mn = tl.min(xg, axis=2, keep_dims=True)
+        s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
+        s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
+        m = mn.to(tl.float16)
+        g_off = s_row[:, None, None] + tl.arange(0, NG)[None, :, None]
+        tl.store(scales_ptr + g_off, s.to(tl.float16), mask=tmask[:, None, None])
+        tl.store(zeros_ptr + g_off, m, mask=tmask[:, None, None])
+        code = int4_encode(xg, m.to(tl.float32), s, tl.math.div_rn(1.0, s))
+        # byte j = code j | code (j + D/2) << 4: a sum over the halves' axis (disjoint bits)
+        c2 = tl.reshape(code, (BT, 2, D // 2)) << (4 * tl.arange(0, 2))[None, :, None]
+        packed = tl.sum(c2, axis=1).to(tl.uint8)
+        j = tl.arange(0, D // 2)
+        tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=tmask[:, None])
+    elif FMT == K_FMT_INT4:  # head dims 80, 96 (centered and rotated by the launcher): two padded halves
         HALF: tl.constexpr = D // 2
         j = tl.arange(0, HALF_PAD)
         jm = tmask[:, None] & (j < HALF)[None, :]
-        if ROTATE:  # D a power of two (the launcher's rule): the whole row, then its two halves
-            d = tl.arange(0, D)
-            x = tl.load(x_row[:, None] + d[None, :], mask=tmask[:, None], other=0.0).to(tl.float32)
-            if CENTER:
-                x = x - tl.load(mean_ptr + h * D + d)[None, :]
-            x = _hadamard(x, BT, D, HB, NORM)
-            x_lo, x_hi = tl.split(tl.permute(tl.reshape(x, (BT, 2, HALF)), (0, 2, 1)))
-        else:
-            x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
-            x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
-            if CENTER:
-                x_lo = x_lo - tl.load(mean_ptr + h * D + j, mask=j < HALF, other=0.0)[None, :]
-                x_hi = x_hi - tl.load(mean_ptr + h * D + HALF + j, mask=j < HALF, other=0.0)[None, :]
-        if HALF == HALF_PAD and HALF % G == 0:  # every group inside one half: reduce [BT, HALF/G, G]
-            NGH: tl.constexpr = HALF // G
-            gi = tl.arange(0, NGH)
-            s_lo, r_lo, m_lo = _int4_groups(x_lo, scales_ptr, zeros_ptr, s_row[:, None] + gi[None, :], tmask,
-                                      BT, HALF, NGH, G, QMAX)
-            s_hi, r_hi, m_hi = _int4_groups(x_hi, scales_ptr, zeros_ptr, s_row[:, None] + NGH + gi[None, :], tmask,
-                                      BT, HALF, NGH, G, QMAX)
-        else:  # groups straddle the halves (group = head_dim) or padding: one masked pass per group
-            s_lo = tl.zeros_like(x_lo)
-            s_hi = tl.zeros_like(x_lo)
-            r_lo = tl.zeros_like(x_lo)
-            r_hi = tl.zeros_like(x_lo)
-            m_lo = tl.zeros_like(x_lo)
-            m_hi = tl.zeros_like(x_lo)
-            for g in tl.static_range(NG):
-                in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
-                in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G) & (j < HALF))[None, :]
-                mx = tl.maximum(tl.max(tl.where(in_lo, x_lo, -float("inf")), axis=1),
-                                tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
-                mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
-                                tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
-                s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
-                s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
-                m = mn.to(tl.float16)
-                tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
-                tl.store(zeros_ptr + s_row + g, m, mask=tmask)
-                r = tl.math.div_rn(1.0, s)
-                s_lo = tl.where(in_lo, s[:, None], s_lo)
-                s_hi = tl.where(in_hi, s[:, None], s_hi)
-                r_lo = tl.where(in_lo, r[:, None], r_lo)
-                r_hi = tl.where(in_hi, r[:, None], r_hi)
-                m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
-                m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
-            s_lo = tl.where(jm, s_lo, 1.0)
-            s_hi = tl.where(jm, s_hi, 1.0)
-            r_lo = tl.where(jm, r_lo, 1.0)
-            r_hi = tl.where(jm, r_hi, 1.0)
+        x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
+        x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
+        if CENTER:
+            x_lo = x_lo - tl.load(mean_ptr + h * D + j, mask=j < HALF, other=0.0)[None, :]
+            x_hi = x_hi - tl.load(mean_ptr + h * D + HALF + j, mask=j < HALF, other=0.0)[None, :]
+        # groups may straddle the halves, and padding: one masked pass per group
+        s_lo = tl.zeros_like(x_lo)
+        s_hi = tl.zeros_like(x_lo)
+        r_lo = tl.zeros_like(x_lo)
+        r_hi = tl.zeros_like(x_lo)
+        m_lo = tl.zeros_like(x_lo)
+        m_hi = tl.zeros_like(x_lo)
+        for g in tl.static_range(NG):
+            in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
+            in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G) & (j < HALF))[None, :]
+            mx = tl.maximum(tl.max(tl.where(in_lo, x_lo, -float("inf")), axis=1),
+                            tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
+            mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
+                            tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
+            s = tl.math.div_rn(mx - mn, QMAX).to(tl.float16)
+            s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
+            m = mn.to(tl.float16)
+            tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
+            tl.store(zeros_ptr + s_row + g, m, mask=tmask)
+            r = tl.math.div_rn(1.0, s)
+            s_lo = tl.where(in_lo, s[:, None], s_lo)
+            s_hi = tl.where(in_hi, s[:, None], s_hi)
+            r_lo = tl.where(in_lo, r[:, None], r_lo)
+            r_hi = tl.where(in_hi, r[:, None], r_hi)
+            m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
+            m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
+        s_lo = tl.where(jm, s_lo, 1.0)
+        s_hi = tl.where(jm, s_hi, 1.0)
+        r_lo = tl.where(jm, r_lo, 1.0)
+        r_hi = tl.where(jm, r_hi, 1.0)
         packed = int4_pack(int4_encode(x_lo, m_lo, s_lo, r_lo), int4_encode(x_hi, m_hi, s_hi, r_hi))
         tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=jm)
     else:
         d = tl.arange(0, D_PAD)
         dm = tmask[:, None] & (d < D)[None, :]
-        x = tl.load(x_row[:, None] + d[None, :], mask=dm, other=0.0).to(tl.float32)
+        x = x_in.to(tl.float32)
         if CENTER:
             x = x - tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
         if ROTATE:  # padding channels are 0 and fill whole Hadamard blocks of their own
             x = _hadamard(x, BT, D_PAD, HB, NORM)
         c_ptrs = codes_ptr + c_row[:, None] + d[None, :]
         if FMT == K_FMT_FLOAT:
-            if codes_ptr.dtype.element_ty == tl.bfloat16:
+            if (codes_ptr.dtype.element_ty == x_in.dtype) and not CENTER and not ROTATE:  # a copy
+                tl.store(c_ptrs, x_in, mask=dm)
+            elif codes_ptr.dtype.element_ty == tl.bfloat16:
                 tl.store(c_ptrs, f32_to_bf16_rne(x), mask=dm)
             else:
                 tl.store(c_ptrs, x.to(codes_ptr.dtype.element_ty), mask=dm)
@@ -175,11 +175,20 @@ def _cache_write_kernel(
     slot = tl.where(tmask, slot, 0).to(tl.uint64)
     blk = (slot // BLOCK_SIZE).to(tl.int64)
     off = (slot & (BLOCK_SIZE - 1)).to(tl.int64)
-    _write_side(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
+    # both sides' rows are loaded before either is stored (stores could alias later loads for the
+    # compiler, which would otherwise wait for K's stores before V's loads go out)
+    # (int4 at head dims 80 / 96 loads two padded halves inside `_write_side` instead)
+    xk = tl.zeros((BLOCK_T, D_PAD), tl.float32)
+    xv = tl.zeros((BLOCK_T, D_PAD), tl.float32)
+    if not (K_FMT == K_FMT_INT4 and D != D_PAD):
+        xk = _load_rows(k_ptr, stride_kt, stride_kh, tok, tmask, h, D, D_PAD)
+    if not (V_FMT == K_FMT_INT4 and D != D_PAD):
+        xv = _load_rows(v_ptr, stride_vt, stride_vh, tok, tmask, h, D, D_PAD)
+    _write_side(xk, k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
                 kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
                 K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
                 BLOCK_T, HW_FP8)
-    _write_side(v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
+    _write_side(xv, v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
                 vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
                 V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
                 BLOCK_T, HW_FP8)
@@ -226,9 +235,11 @@ def hw_fp8_encode(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
-               slot_mapping: torch.Tensor) -> tuple[tuple[int, int], list, dict]:
-    """(grid, args, options) of the cache-write launch (also used to compile ahead of time)."""
+def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor,
+               block_t: int | None = None, num_warps: int = 4) -> tuple[tuple[int, int], list, dict]:
+    """(grid, args, options) of the cache-write launch (also used to compile ahead of time).
+    `block_t` (tokens per program, a power of two) and `num_warps` override the defaults (for
+    `benchmarks/probe_write.py`)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, H, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), (k.shape, v.shape, slot_mapping.shape)
@@ -241,14 +252,15 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache,
     d_pad = triton.next_power_of_2(D)
     half_pad = max(triton.next_power_of_2(D // 2), 1)
     # small batches (decode) take small token tiles: the per-thread instruction chain is the latency
-    block_t = max(1, min(16, 2048 // d_pad, triton.next_power_of_2(T)))
+    if block_t is None:
+        block_t = max(1, min(16, 2048 // d_pad, triton.next_power_of_2(T)))
     grid = (triton.cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
             kp.block_size, block_t, D, d_pad, half_pad,
             *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:], hw_fp8_encode(k.device)]
     # no mul+add -> fma contraction: the reference rounds every product (e.g. x * NORM, then x - m)
-    return grid, args, {"num_warps": 4, "enable_fp_fusion": False}
+    return grid, args, {"num_warps": num_warps, "enable_fp_fusion": False}
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor) -> None:

@@ -1,0 +1,67 @@
+"""Probe (not a benchmark table): the cache-write kernel's tile and warp count per format on a GPU.
+
+Times, in one run (CUDA-graph replays, L2 flushed), `write_kv`'s kernel for `--tokens` new tokens of
+Llama-3.1-8B K and V (8 kv heads, head dim 128, bf16 input, random slots) at each tokens-per-program
+(`--block-t`) and warp count (`--warps`), plus a device-to-device copy of the same input bytes (the
+ceiling: it reads and writes them). Prints one line per case: us and TB/s of input.
+
+    python benchmarks/probe_write.py --tokens 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--formats", default="bf16,int8,int8-static,int4,fp8_e4m3,fp8_e5m2")
+    ap.add_argument("--block-t", default="8,16,32")
+    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--rep-ms", type=int, default=30)
+    args = ap.parse_args()
+
+    from benchmarks.bench_attention import Shape, make_cache, time_graph
+    from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    shape = Shape("write", 1, 1, 32, 8, 128)
+    T = args.tokens
+    nb = T // shape.block_size + 1
+    k = torch.randn(T, shape.hkv, shape.head_dim, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    slots = torch.randperm(nb * shape.block_size, device=dev)[:T]
+    in_bytes = 2 * k.numel() * k.element_size()
+    kk, vv = torch.empty_like(k), torch.empty_like(v)
+
+    def copy():
+        kk.copy_(k)
+        vv.copy_(v)
+
+    us = time_graph(copy, args.rep_ms)
+    print(f"{'copy (read + write)':24s} {us:8.1f} us {in_bytes / us / 1e6:6.2f} TB/s of input", flush=True)
+    for fmt_name in args.formats.split(","):
+        lc = make_cache(fmt_name, shape, nb, dev)
+        for bt in (int(x) for x in args.block_t.split(",")):
+            for nw in (int(x) for x in args.warps.split(",")):
+                grid, kargs, opts = plan_write(k, v, lc, slots, block_t=bt, num_warps=nw)
+                try:
+                    us = time_graph(lambda: _cache_write_kernel[grid](*kargs, **opts), args.rep_ms)
+                except Exception as e:  # e.g. out of registers / shared memory for a large tile
+                    print(f"{fmt_name:12s} bt={bt:3d} w={nw} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                print(f"{fmt_name:12s} bt={bt:3d} w={nw}  {us:8.1f} us {in_bytes / us / 1e6:6.2f} TB/s of input",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
