@@ -178,6 +178,22 @@ def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -
             "cache_bytes_written": kv_bytes(lc, Shape("w", 1, tokens, shape.hq, shape.hkv, shape.head_dim))}
 
 
+def bench_copy(shape: Shape, device, rep_ms: int, tokens: int) -> dict:
+    """The write's ceiling, same run: torch's device-to-device copy of the same K and V bytes (it
+    reads and writes each input byte once, as the bf16 cache write does)."""
+    k = torch.randn(tokens, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kk, vv = torch.empty_like(k), torch.empty_like(v)
+
+    def copy():
+        kk.copy_(k)
+        vv.copy_(v)
+
+    us = time_graph(copy, rep_ms)
+    return {"format": "torch copy (ceiling)", "tokens": tokens, "us": us,
+            "input_TBps": 2 * k.numel() * k.element_size() / us / 1e6}
+
+
 # --tune: decode kernel variants, tiles, warps, stages and splits for the quantized formats, in one
 # run (an estimate, not yet timed: 5-8 minutes on an H200 with the default shapes and formats,
 # mostly compiling; --budget-s stops it and keeps what it measured). Each entry: (name, variant,
@@ -394,9 +410,13 @@ def markdown(results: dict) -> str:
             lines.append(f"| {shape} | {f} | {r['us']:.1f} | {r['TBps']:.2f} | {vs_bf} | {vs_sd} | "
                          f"{sd_txt if f == fmts[0] else ''} | {vl or '-'} | {chk} |")
     lines += ["", "## Cache write (Triton, bf16 input K and V, random slots)", "",
-              "| format | tokens | us | TB/s of input |", "|---|---:|---:|---:|"]
+              "torch copy: a device-to-device copy of the same input (read and written once), the ceiling "
+              "of a cache write that stores as many bytes as it reads (bf16).", "",
+              "| format | tokens | us | TB/s of input | time vs torch copy |", "|---|---:|---:|---:|---:|"]
+    copy_us = {w["tokens"]: w["us"] for w in results["write"] if w["format"].startswith("torch copy")}
     for w in results["write"]:
-        lines.append(f"| {w['format']} | {w['tokens']} | {w['us']:.1f} | {w['input_TBps']:.2f} |")
+        vs = f"{w['us'] / copy_us[w['tokens']]:.2f}" if w["tokens"] in copy_us else "-"
+        lines.append(f"| {w['format']} | {w['tokens']} | {w['us']:.1f} | {w['input_TBps']:.2f} | {vs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -506,6 +526,7 @@ def main(argv=None) -> int:
             del lc, meta, q
             torch.cuda.empty_cache()
     wshape = Shape("write", 1, 1, 32, 8, 128)
+    results["write"] += [bench_copy(wshape, device, rep, 16384), bench_copy(wshape, device, rep, 64)]
     for fmt_name in formats:
         results["write"].append(bench_write(fmt_name, wshape, device, rep, 16384))
         results["write"].append(bench_write(fmt_name, wshape, device, rep, 64))

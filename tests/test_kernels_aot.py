@@ -34,7 +34,7 @@ def signature(fn, args: list) -> tuple[dict, dict, dict]:
     loads, so the AOT code is the code that runs)."""
     sig, consts, attrs = {}, {}, {}
     for i, (name, a) in enumerate(zip(fn.arg_names, args)):
-        if i in fn.constexprs:
+        if i in fn.constexprs or a is None:  # None: the JIT specializes it as a constexpr too
             sig[name], consts[name] = "constexpr", a
             continue
         if isinstance(a, torch.Tensor):

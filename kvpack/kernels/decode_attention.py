@@ -6,8 +6,10 @@ registers without conversion instructions (`quant.int8_to_f16` etc.: byte permut
 patterns): per-token K scales multiply the scores, per-token V scales multiply the probabilities
 (normalised by the tile's largest scale), int4 tiles become code * s + m in fp16.
 With several splits, a second kernel merges the partial (max, sum, acc) triples. Rotated formats
-and a centered V: `kernels.rotate.rotate_heads` forms q @ R before the kernel and out @ R + V mean
-after it (one launch each).
+and a centered V: q @ R is formed in the kernel as it loads q, and out @ R + V mean in the kernel's
+epilogue or, with splits, in the merge (`kernels.rotate._hadamard`, the storage butterflies). The
+Gluon "frag" kernel and int4 at head dims 80 / 96 (halves that straddle Hadamard blocks) leave them to
+`kernels.rotate.rotate_heads` (one launch each) where the merge does not run.
 
 Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|frag,
 else "auto": "frag" for 8-bit K and V (int8 or FP8) with long splits, else "imma" for int8 K, else "dot"): "dot"
@@ -34,13 +36,14 @@ import triton
 import triton.language as tl
 
 from kvpack.attention.kv_cache import LayerKVCache
-from kvpack.kernels.rotate import rotate_heads
+from kvpack.formats import hadamard_block_size, hadamard_norm
+from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant, fallback_variant,
 )
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_bits, int4_hi, int4_lo,
-    int4_to_f16, int8_to_f16, Q_LO_STEPS, split_q_int8,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
+    int4_lo, int4_to_f16, int8_to_f16, Q_LO_STEPS, split_q_int8,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -262,7 +265,8 @@ def _decode_kernel(
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
     IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
-    QK8: tl.constexpr = False,
+    QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
+    ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -278,7 +282,14 @@ def _decode_kernel(
     gm = g < GROUP
     heads = h * GROUP + g
     q_base = q_ptr + q_row.to(tl.int64) * sq_t + heads[:, None] * sq_h
-    if K_FMT == K_FMT_INT4:
+    if K_FMT == K_FMT_INT4 and ROT_Q:  # D a power of two (the launcher's rule): rotate, then halves
+        d = tl.arange(0, D)
+        q_f = tl.load(q_base + d[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+        q_f = _hadamard(q_f, GROUP_PAD, D, ROT_HB, ROT_NORM)
+        q_a, q_b = tl.split(tl.permute(tl.reshape(q_f, (GROUP_PAD, 2, HALF)), (0, 2, 1)))
+        q_a = q_a.to(K_DT)
+        q_b = q_b.to(K_DT)
+    elif K_FMT == K_FMT_INT4:
         j = tl.arange(0, HALF_PAD)
         qm = gm[:, None] & (j < HALF)[None, :]
         q_a = tl.load(q_base + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
@@ -286,6 +297,8 @@ def _decode_kernel(
     else:
         d = tl.arange(0, D_PAD)
         q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
+        if ROT_Q:  # q @ R (padding channels 0: whole Hadamard blocks of their own)
+            q_a = _hadamard(q_a, GROUP_PAD, D_PAD, ROT_HB, ROT_NORM)
         if QK8:
             q_a, q_b, q_s = split_q_int8(q_a)
             q_s = q_s * (qk_scale * K_FACTOR * (tl.load(kst_ptr + h) if K_STATIC else 1.0))
@@ -343,7 +356,16 @@ def _decode_kernel(
     else:
         c = tl.arange(0, D_PAD)
         cm = gm[:, None] & (c < D)[None, :]
-    if not SPLIT:
+    if not SPLIT and (ROT_OUT or OUT_MEAN):  # out @ R + V mean on whole rows (int4: D a power of two)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if V_FMT == K_FMT_INT4:
+            o = tl.reshape(tl.permute(tl.join(acc_a / l_safe, acc_b / l_safe), (0, 2, 1)), (GROUP_PAD, D_PAD))
+            c = tl.arange(0, D_PAD)
+        else:
+            o = acc_a / l_safe
+        _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, gm & has_q, vmean_ptr, h,
+                   D, GROUP_PAD, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+    elif not SPLIT:
         o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
         cm = cm & has_q
         l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -362,8 +384,29 @@ def _decode_kernel(
 
 
 @triton.jit
+def _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, rmask, vmean_ptr, hkv, D: tl.constexpr,
+               ROWS: tl.constexpr, DP: tl.constexpr, ROT_HB: tl.constexpr, ROT_NORM: tl.constexpr,
+               ROT_OUT: tl.constexpr, OUT_MEAN: tl.constexpr):
+    """Store rows o [ROWS, DP] float32 of query heads `heads` (kv head(s) `hkv`) as o @ R (ROT_OUT)
+    + the V mean [Hkv, D] (OUT_MEAN), in out's dtype: `rotate_heads`' operations, bf16 rounded to
+    nearest even on the interpreter too."""
+    if ROT_OUT:
+        o = _hadamard(o, ROWS, DP, ROT_HB, ROT_NORM)
+    cm = rmask[:, None] & (c < D)[None, :]
+    if OUT_MEAN:
+        o = o + tl.load(vmean_ptr + hkv * D + c[None, :], mask=cm, other=0.0)
+    o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        tl.store(o_ptr, f32_to_bf16_rne(o), mask=cm)
+    else:
+        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit
 def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
-                  SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+                  SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                  vmean_ptr=None, GROUP: tl.constexpr = 1, ROT_HB: tl.constexpr = 1,
+                  ROT_NORM: tl.constexpr = 1.0, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False):
     b = tl.program_id(0)
     hq = tl.program_id(1)
     q_row = tl.load(qsl_ptr + b)
@@ -380,8 +423,13 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
     d = tl.arange(0, D_PAD)
     acc = tl.load(po_ptr + ph[:, None] * D + d[None, :], mask=smask[:, None] & (d < D)[None, :], other=0.0)
     o = tl.sum(acc * w[:, None], axis=0) / denom
-    tl.store(out_ptr + q_row.to(tl.int64) * so_t + hq * so_h + d, o.to(out_ptr.dtype.element_ty),
-             mask=(d < D) & has_q)
+    if ROT_OUT or OUT_MEAN:  # out @ R + V mean here: one row [1, D_PAD]
+        one = tl.zeros([1], tl.int32)
+        _store_out(tl.reshape(o, (1, D_PAD)), out_ptr, q_row, so_t, so_h, hq + one, d, has_q & (one == 0),
+                   vmean_ptr, hq // GROUP, D, 1, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+    else:
+        tl.store(out_ptr + q_row.to(tl.int64) * so_t + hq * so_h + d, o.to(out_ptr.dtype.element_ty),
+                 mask=(d < D) & has_q)
 
 
 # ---- launch plan and launcher ----------------------------------------------------------------
@@ -437,15 +485,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     dev = q.device
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
-    # rotated K: q @ R first; rotated or centered V: out @ R + mean after (`rotate_heads`, one launch each)
-    q_in = torch.empty(q.shape, dtype=torch.float32, device=dev) if kp.fmt.rotate else q  # filled at launch
-    post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
-    if q_in.stride(-1) != 1:
-        q_in = q_in.contiguous()
-    out_dtype = torch.float32 if post is not None else q.dtype
-    alloc = torch.empty if T == B else torch.zeros
-    out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
-
     if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
                                            or block_size < 8):
         variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
@@ -468,6 +507,30 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     tokens_per_split = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
     num_splits = max(1, triton.cdiv(max_len, tokens_per_split))
 
+    # rotated K: q @ R; rotated or centered V: out @ R + V mean. In the kernel (q as it loads, the output
+    # in its epilogue) or the merge; `rotate_heads` before / after the launch where they cannot: the
+    # Gluon kernel, int4 halves at a head dim that is not a power of two (Hadamard blocks straddle them)
+    d_pad = triton.next_power_of_2(D)
+    whole_rows = variant != "frag" and (D == d_pad or kp.fmt.kind != "int4")
+    rot_q = kp.fmt.rotate and whole_rows
+    whole_rows = variant != "frag" and (D == d_pad or vp.fmt.kind != "int4")
+    post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
+    v_mean = None if post is None or post[1] is None else \
+        post[1].to(device=dev, dtype=torch.float32).contiguous()
+    in_merge = post is not None and num_splits > 1
+    in_kernel = post is not None and num_splits == 1 and whole_rows
+    rot_args = [False, False]  # (out @ R, + V mean) in the kernel's epilogue or the merge
+    if in_merge or in_kernel:
+        assert v_mean is None or v_mean.shape == (Hkv, D), (v_mean.shape, Hkv, D)
+        rot_args = [post[0], v_mean is not None]
+        post = None
+    q_in = torch.empty(q.shape, dtype=torch.float32, device=dev) if kp.fmt.rotate and not rot_q else q
+    if q_in.stride(-1) != 1:
+        q_in = q_in.contiguous()
+    out_dtype = torch.float32 if post is not None else q.dtype
+    alloc = torch.empty if T == B else torch.zeros
+    out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
+    hb = hadamard_block_size(D)
     k_t, k_c = _side_args(kp)
     v_t, v_c = _side_args(vp)
     if num_splits > 1:
@@ -475,7 +538,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)
     else:
         po = pml = out
-    d_pad = triton.next_power_of_2(D)
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
@@ -490,12 +552,16 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              _needs_idx64(kp, vp) if index64 is None else index64,
              0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
              variant == "imma"]
+    if kernel is _decode_kernel:
+        args += [v_mean, hb, hadamard_norm(hb), rot_q, in_kernel and rot_args[0], in_kernel and rot_args[1]]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, triton.next_power_of_2(num_splits)), D, d_pad]
-    return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant)
+        merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
+    return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,
+                      kp.fmt.rotate and not rot_q)
 
 
 def decode_paged_attention(
@@ -532,7 +598,7 @@ def decode_paged_attention(
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)
-    if layer_cache.k.fmt.rotate:  # rotated K: the kernel reads q @ R (planned as an empty buffer)
+    if plan.rotate_q:  # rotated K, outside the kernel: it reads q @ R (planned as an empty buffer)
         rotate_heads(q, torch.float32, out=plan.args[0])
     plan.kernel[plan.grid](*plan.args, **plan.options)
     if plan.merge_grid is not None:

@@ -108,3 +108,4 @@ class DecodePlan:
     post: tuple[bool, torch.Tensor | None] | None  # (rotate V back, V mean) for `rotate_heads`, or None
     kernel: object = None  # the decode kernel (`_decode_kernel` or Gluon `_frag_decode_kernel`)
     variant: str = "dot"
+    rotate_q: bool = False  # q @ R by `rotate_heads` into args[0] before the launch (else in the kernel, or none)

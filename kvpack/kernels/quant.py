@@ -215,12 +215,21 @@ def fp8_encode(x, FMT: tl.constexpr):
 
 
 # sm >= 89 has FP8 conversion instructions: two float32 -> one e4m3x2 / e5m2x2 pair, round to nearest
-# even, saturating (.satfinite); 4 codes per 32-bit register (the first element in the low byte).
+# even, saturating (.satfinite); 4 codes per 32-bit register (the first element in the low byte). Each
+# input's sign bit is then or-ed into its code (three byte permutes gather the four sign bytes): a no-op
+# for numbers, and a NaN's sign, which the instruction's canonical NaN (0x7F, the NaN code of both
+# formats) drops.
 _ASM_F32_FP8 = """{
 .reg .b16 l, h;
+.reg .b32 c, s01, s23, s;
 cvt.rn.satfinite.FMTx2.f32 l, $2, $1;
 cvt.rn.satfinite.FMTx2.f32 h, $4, $3;
-mov.b32 $0, {l, h};
+mov.b32 c, {l, h};
+prmt.b32 s01, $1, $2, 0x0073;
+prmt.b32 s23, $3, $4, 0x7300;
+prmt.b32 s, s01, s23, 0x7610;
+and.b32 s, s, 0x80808080;
+or.b32 $0, c, s;
 }"""
 _ASM_F32_E4M3 = tl.constexpr(_ASM_F32_FP8.replace("FMT", "e4m3"))
 _ASM_F32_E5M2 = tl.constexpr(_ASM_F32_FP8.replace("FMT", "e5m2"))
@@ -230,18 +239,15 @@ _ASM_F32_E5M2 = tl.constexpr(_ASM_F32_FP8.replace("FMT", "e5m2"))
 def fp8_encode_hw(x, FMT: tl.constexpr):
     """`fp8_encode` with the sm >= 89 conversion instruction (compile only for such targets): the
     same codes. The input is clamped to the largest finite value first (.satfinite does not turn
-    +-inf into the largest finite code, measured on the H200; the format saturates them), and NaNs
-    get the format's NaN code with their sign (the instruction's canonical NaN drops it)."""
-    sign = ((x.to(tl.int32, bitcast=True) >> 31) & 1) << 7
+    +-inf into the largest finite code, measured on the H200; the format saturates them), NaN kept
+    (a NaN-propagating clamp: the instruction makes it 0x7F, and the asm ors the sign back in)."""
     if FMT == K_FMT_FP8E4M3:
-        xc = tl.minimum(tl.maximum(x, -_E4M3_FMAX), _E4M3_FMAX)
+        xc = tl.clamp(x, -_E4M3_FMAX, _E4M3_FMAX, propagate_nan=tl.PropagateNan.ALL)
         code = tl.inline_asm_elementwise(_ASM_F32_E4M3, "=r,r,r,r,r", [xc], dtype=tl.uint8, is_pure=True, pack=4)
-        nan = sign | _E4M3_NAN_CODE
     else:
-        xc = tl.minimum(tl.maximum(x, -_E5M2_FMAX), _E5M2_FMAX)
+        xc = tl.clamp(x, -_E5M2_FMAX, _E5M2_FMAX, propagate_nan=tl.PropagateNan.ALL)
         code = tl.inline_asm_elementwise(_ASM_F32_E5M2, "=r,r,r,r,r", [xc], dtype=tl.uint8, is_pure=True, pack=4)
-        nan = sign | _E5M2_NAN_CODE
-    return tl.where(x != x, nan.to(tl.uint8), code)
+    return code
 
 
 # GPU conversions to fp16 without conversion instructions (cvt runs at 1/8 of the FMA rate and
