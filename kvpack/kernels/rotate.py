@@ -6,9 +6,10 @@ one small kernel that rotates whole head vectors around the attention kernels.
 rounded 1/sqrt(b)), so a kernel that stores rotated values stores the reference's bits (with
 `enable_fp_fusion=False` at launch, so no multiply is fused into a following add).
 
-`rotate_heads(x, out_dtype, mean=None)` is the query / output side: q @ R before the attention kernel
-(K rotated), out @ R (+ the V mean of centered V, broadcast over each kv head's query heads) after it,
-in one launch each instead of float32 casts, a GEMM and elementwise ops.
+`rotate_heads(x, out_dtype, mean=None)` is the query / output side where an attention kernel does not
+rotate itself: q @ R before it (K rotated), out @ R (+ the V mean of centered V, broadcast over each
+kv head's query heads) after it, one launch each (prefill, the Gluon decode kernel; `_decode_kernel`
+and its split merge call `_hadamard` on q and on the output themselves).
 """
 
 from __future__ import annotations
