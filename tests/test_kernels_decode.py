@@ -323,6 +323,40 @@ def _check_layer_means(k_name, v_name, D, splits, seq_lens, Hq, Hkv, device):
         assert err <= ATOL, (k_name, v_name, D, splits, err)
 
 
+@pytest.mark.parametrize("k_name,v_name,D,splits,means,dtype", [
+    ("int4", "int4", 128, 1, False, torch.float16),      # q rotated and split into halves in the kernel; halves joined
+    ("int4", "int4", 128, 3, True, torch.bfloat16),      # ... out @ R + mean in the merge, bf16 output
+    ("int4", "int4", 80, 1, False, torch.float16),       # head dim 80: rotate_heads on both sides
+    ("int4", "int4", 96, 3, True, torch.float16),        # q by rotate_heads, the merge does the output
+    ("fp8_e4m3", "fp8_e5m2", 64, 1, True, torch.bfloat16),  # epilogue: out @ R + mean, bf16 rounded
+    ("int8", "int8", 64, 1, True, torch.float16),        # centered, not rotated: the mean alone
+    ("int8", "fp8_e4m3", 80, 2, False, torch.float16),   # int8 K (no q rotation), rotated V in the merge
+])
+def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
+    """Where q @ R and out @ R + V mean run (`plan_decode`: in the kernel / the merge, `rotate_heads`
+    only for int4 halves at head dims that are not powers of two) and that every placement returns
+    the reference's output (bf16: the tolerance of test_decode_bf16)."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    q, lc, meta = build_case(k_name, v_name, [37, 1, 70], 4, 2, D, 16, dtype=dtype)
+    if means:
+        gen = torch.Generator().manual_seed(7)
+        lc = dataclasses.replace(lc, k_mean=torch.randn(2, D, generator=gen),
+                                 v_mean=torch.randn(2, D, generator=gen) * 3)
+    plan = plan_decode(q, lc, meta, D ** -0.5, num_splits=splits, variant="dot")
+    pow2 = D & (D - 1) == 0
+    assert plan.rotate_q == (lc.k.fmt.rotate and lc.k.fmt.kind == "int4" and not pow2)  # by rotate_heads
+    external_post = (lc.v.fmt.rotate or means) and splits == 1 and lc.v.fmt.kind == "int4" and not pow2
+    assert (plan.post is not None) == bool(external_post)
+    assert plan.out.dtype == (torch.float32 if external_post else dtype)
+    ref = reference.paged_attention(q, lc, meta, D ** -0.5).float()
+    out = decode_paged_attention(q, lc, meta, D ** -0.5, num_splits=splits, variant="dot")
+    assert out.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else ATOL
+    err = ((out.float() - ref).abs() - tol * ref.abs()).max().item()
+    assert err <= tol, (k_name, v_name, D, splits, err)
+
+
 @pytest.mark.parametrize("D,group_size", [(128, 128), (64, 64)])
 def test_decode_int4_one_group_per_head(D, group_size):
     """--int4-group-size 128: one group spans both nibble halves (the gather path), split or not."""
