@@ -97,13 +97,19 @@ def variants():
                 out.append((f"write-centered/{name}/D{D}", _cache_write_kernel, args, opts))
             q = torch.randn(2, 8, D, dtype=torch.bfloat16)
             meta = AttentionMetadata.build([1, 1], [40, 9], [[0, 1, 2], [3]], 16)
+            # two splits need >= 2 tiles of context: 300 tokens (the tables are never read: no launch)
+            meta2 = AttentionMetadata.build([1, 1], [300, 9], [list(range(19)), [3]], 16)
             for splits in (1, 2):
                 if splits == 2 and (D == 80 or name not in ("int8", "int4", "fp8_e4m3")):
                     continue
-                plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="dot")
-                out.append((f"decode/{name}/D{D}/splits{splits}", _decode_kernel, plan.args, plan.options))
-                if plan.merge_args is not None and name == "int8":
-                    out.append(("merge", _merge_kernel, plan.merge_args, {}))
+                for v_mean in ((None, torch.zeros(2, D)) if name in ("int8", "int4") and D == 128 else (None,)):
+                    clc = dataclasses.replace(lc, v_mean=v_mean)  # centered V: + mean in the epilogue / merge
+                    plan = plan_decode(q, clc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="dot")
+                    assert (plan.merge_args is not None) == (splits == 2), (name, D, splits)
+                    tag = f"{name}/D{D}/splits{splits}" + ("/centered" if v_mean is not None else "")
+                    out.append((f"decode/{tag}", _decode_kernel, plan.args, plan.options))
+                    if plan.merge_args is not None:  # rotated V: the merge forms out @ R
+                        out.append((f"merge/{tag}", _merge_kernel, plan.merge_args, {}))
             if name in ("int8", "int8-static"):  # int8 K codes straight into an int8 MMA
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="imma")
                 assert plan.variant == "imma", plan.variant
