@@ -26,13 +26,15 @@ from kvpack.kernels.quant import f32_to_bf16_rne
 def _butterfly(x, BT: tl.constexpr, DP: tl.constexpr, H: tl.constexpr):
     """One Hadamard stage on x [BT, DP]: channels (i, i + H) of every 2H-chunk -> (a + c, a - c).
 
-    In the view [BT, DP / 2H, 2, H] the pair is axis 2. Each element gets its partner's bits by an
-    xor reduction over that axis (`tl.flip`'s trick: one shuffle when the pair sits in two lanes),
-    then a + c = partner + a and a - c = partner + (-c): the reference's IEEE additions. No permute,
-    split or join, which made the compiler move every stage through shared memory."""
+    In the view [BT, DP / 2H, 2, H] the pair is axis 2. Each element gets its partner's bits from a
+    reduction over that axis, (a + c) - own as int32 (wrapping: exact; one shuffle when the pair sits
+    in two lanes, and the compiler folds the subtraction away), then a + c = partner + a and
+    a - c = partner + (-c): the reference's IEEE additions. No permute, split or join, which made the
+    compiler move every stage through shared memory. (An xor reduction gives the same bits and code,
+    but the CPU interpreter runs non-sum reductions element by element in Python.)"""
     y = tl.reshape(x, (BT, DP // (2 * H), 2, H))
     bits = y.to(tl.int32, bitcast=True)
-    partner = (bits ^ tl.xor_sum(bits, 2, keep_dims=True)).to(tl.float32, bitcast=True)
+    partner = (tl.sum(bits, 2, keep_dims=True) - bits).to(tl.float32, bitcast=True)
     sgn = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]  # +1 for a, -1 for c
     return tl.reshape(partner + y * sgn, (BT, DP))
 
