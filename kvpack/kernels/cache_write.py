@@ -51,7 +51,6 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
                 NG: tl.constexpr, CENTER: tl.constexpr, ROTATE: tl.constexpr, HB: tl.constexpr,
                 NORM: tl.constexpr, BT: tl.constexpr, HW_FP8: tl.constexpr):
-    x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh  # [BT] pointers
     c_row = blk * cs0 + h * cs1 + off * cs2  # [BT] int64 element offsets
     s_row = blk * ss0 + h * ss1 + off * ss2
     if FMT == K_FMT_INT4 and D == D_PAD:  # a power-of-two head dim: whole rows, groups in place
@@ -82,11 +81,9 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         HALF: tl.constexpr = D // 2
         j = tl.arange(0, HALF_PAD)
         jm = tmask[:, None] & (j < HALF)[None, :]
+        x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh  # [BT] pointers
         x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
         x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
-        if CENTER:
-            x_lo = x_lo - tl.load(mean_ptr + h * D + j, mask=j < HALF, other=0.0)[None, :]
-            x_hi = x_hi - tl.load(mean_ptr + h * D + HALF + j, mask=j < HALF, other=0.0)[None, :]
         # groups may straddle the halves, and padding: one masked pass per group
         s_lo = tl.zeros_like(x_lo)
         s_hi = tl.zeros_like(x_lo)

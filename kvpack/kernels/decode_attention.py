@@ -356,8 +356,8 @@ def _decode_kernel(
     else:
         c = tl.arange(0, D_PAD)
         cm = gm[:, None] & (c < D)[None, :]
+    l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
     if not SPLIT and (ROT_OUT or OUT_MEAN):  # out @ R + V mean on whole rows (int4: D a power of two)
-        l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
         if V_FMT == K_FMT_INT4:
             o = tl.reshape(tl.permute(tl.join(acc_a / l_safe, acc_b / l_safe), (0, 2, 1)), (GROUP_PAD, D_PAD))
             c = tl.arange(0, D_PAD)
@@ -368,7 +368,6 @@ def _decode_kernel(
     elif not SPLIT:
         o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
         cm = cm & has_q
-        l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr, (acc_a / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
         if V_FMT == K_FMT_INT4:
             tl.store(o_ptr + HALF, (acc_b / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
@@ -511,14 +510,15 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # in its epilogue) or the merge; `rotate_heads` before / after the launch where they cannot: the
     # Gluon kernel, int4 halves at a head dim that is not a power of two (Hadamard blocks straddle them)
     d_pad = triton.next_power_of_2(D)
-    whole_rows = variant != "frag" and (D == d_pad or kp.fmt.kind != "int4")
-    rot_q = kp.fmt.rotate and whole_rows
-    whole_rows = variant != "frag" and (D == d_pad or vp.fmt.kind != "int4")
+    def in_kernel_ok(kind: str) -> bool:  # `_decode_kernel` rotates this side's rows itself
+        return variant != "frag" and (D == d_pad or kind != "int4")
+
+    rot_q = kp.fmt.rotate and in_kernel_ok(kp.fmt.kind)
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     v_mean = None if post is None or post[1] is None else \
         post[1].to(device=dev, dtype=torch.float32).contiguous()
     in_merge = post is not None and num_splits > 1
-    in_kernel = post is not None and num_splits == 1 and whole_rows
+    in_kernel = post is not None and num_splits == 1 and in_kernel_ok(vp.fmt.kind)
     rot_args = [False, False]  # (out @ R, + V mean) in the kernel's epilogue or the merge
     if in_merge or in_kernel:
         assert v_mean is None or v_mean.shape == (Hkv, D), (v_mean.shape, Hkv, D)
@@ -553,7 +553,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
              variant == "imma"]
     if kernel is _decode_kernel:
-        args += [v_mean, hb, hadamard_norm(hb), rot_q, in_kernel and rot_args[0], in_kernel and rot_args[1]]
+        args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False))]
     merge_grid = merge_args = None
     if num_splits > 1:
         merge_grid = (B, Hq)
