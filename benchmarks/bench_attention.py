@@ -261,6 +261,11 @@ TUNE_CONFIGS = [
     # as two int8 parts (SASS per 64-token tile, sm_90: int8 1524 -> 1252, int8-static 1330 -> 1037).
     ("imma", "imma", {}),
     ("imma-pf1", "imma", {"prefetch": 1}),
+    # session 9 (ncu at 32 x 4096: frag-int8 3.5 TB/s, 12.5 % occupancy, half its stalls waiting on its
+    # loads, against bf16's 4.2 TB/s with cp.async pipelining): frag with whole tiles copied 1 or 2
+    # tiles ahead through a cp.async ring in shared memory (33 / 50 KB per program: 6 / 4 per SM)
+    ("frag-pf1", "frag", {"prefetch": 1}),
+    ("frag-pf2", "frag", {"prefetch": 2}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]
@@ -473,6 +478,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--rep-ms", type=int, default=None)
     ap.add_argument("--out", default="results/attention")
+    ap.add_argument("--write-tokens", default="64,2048,16384,65536",
+                    help="cache write: tokens per launch (comma-separated; a torch copy of the same bytes each)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU", file=sys.stderr)
@@ -526,10 +533,11 @@ def main(argv=None) -> int:
             del lc, meta, q
             torch.cuda.empty_cache()
     wshape = Shape("write", 1, 1, 32, 8, 128)
-    results["write"] += [bench_copy(wshape, device, rep, 16384), bench_copy(wshape, device, rep, 64)]
+    write_tokens = [int(t) for t in args.write_tokens.split(",") if t]
+    results["write"] += [bench_copy(wshape, device, rep, t) for t in write_tokens]
     for fmt_name in formats:
-        results["write"].append(bench_write(fmt_name, wshape, device, rep, 16384))
-        results["write"].append(bench_write(fmt_name, wshape, device, rep, 64))
+        for t in write_tokens:
+            results["write"].append(bench_write(fmt_name, wshape, device, rep, t))
     write_reports(results, args.out)
     return 0
 

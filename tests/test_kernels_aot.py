@@ -29,12 +29,14 @@ _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", tor
 
 
 def signature(fn, args: list) -> tuple[dict, dict, dict]:
-    """Triton signature, constexprs and attrs of a launch's positional args. Like the JIT, pointers
+    """Triton signature, constexprs and attrs of a launch's positional args. Like the JIT, integers
+    equal to 1 become constexprs (a unit stride: the contiguity the vectorizer needs), pointers
     aligned to 16 bytes and integers divisible by 16 carry tt.divisibility=16 (it enables vector
     loads, so the AOT code is the code that runs)."""
     sig, consts, attrs = {}, {}, {}
     for i, (name, a) in enumerate(zip(fn.arg_names, args)):
-        if i in fn.constexprs or a is None:  # None: the JIT specializes it as a constexpr too
+        if i in fn.constexprs or a is None or (type(a) is int and a == 1):
+            # None and integers equal to 1: the JIT specializes them as constexprs too
             sig[name], consts[name] = "constexpr", a
             continue
         if isinstance(a, torch.Tensor):
@@ -119,6 +121,9 @@ def variants():
                     plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag")
                     assert plan.variant == "frag", plan.variant
                     out.append((f"decode-frag/{name}/D{D}/splits{splits}", plan.kernel, plan.args, plan.options))
+                # whole tiles through a cp.async ring (Ampere's cp.async: no TMA)
+                plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
+                out.append((f"decode-ring/{name}/D{D}", plan.kernel, plan.args, plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)

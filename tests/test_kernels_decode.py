@@ -214,6 +214,27 @@ def test_decode_frag_gpu(k_name, v_name, block_size, splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
+                                            ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
+    """"frag" with whole tiles copied ahead through a cp.async ring (prefetch 1 and 2): the same bits
+    as direct loads (same codes, same operations), and the reference's values; lengths below one
+    tile, exactly one and two tiles, partial last tiles, random block tables."""
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    lens = [1, 17, 64, 128, 1000, 4099, 257]
+    q, lc, meta = build_case(k_name, v_name, lens, 32, 8, 128, block_size, device="cuda")
+    scale = 128 ** -0.5
+    outs = [decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="frag", prefetch=pf)
+            for pf in (0, 1, 2)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    assert ((outs[1].float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("Hq,Hkv", [(8, 8), (16, 1), (12, 4)])
 def test_decode_frag_gpu_group_sizes(Hq, Hkv):
     """GQA groups of 1, 16 and 3 (padded to the MMA's 16 rows) in the "frag" kernel."""

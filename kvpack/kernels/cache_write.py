@@ -24,7 +24,7 @@ from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, div_by_scale, f32_to_bf16_rne, fp8_encode, fp8_encode_hw,
+    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, div_by_scale, f32_to_bf16_rne, fp8_encode, fp8_encode_hw,
     int4_encode, int4_pack, int8_encode,
 )
 
@@ -34,6 +34,26 @@ def _absmax_scale(x, QMAX: tl.constexpr):
     """Dynamic scale per row of x [BT, D] (padding holds 0): fp16(absmax / QMAX), 0 -> 1; float32."""
     s = tl.math.div_rn(tl.max(tl.abs(x), axis=1), QMAX).to(tl.float16)
     return tl.where(s == 0.0, 1.0, s.to(tl.float32))
+
+
+_ASM_ST_F16 = tl.constexpr("""{
+.reg .pred p;
+setp.ne.b32 p, $3, 0;
+@p st.global.b16 [$1], $2;
+mov.u32 $0, 0;
+}""")
+
+
+@triton.jit
+def _store_rows_f16(ptrs, x, mask):
+    """tl.store(ptrs, x, mask) for a per-row fp16 vector, done by every thread that holds the row (the
+    same address from several lanes of a warp is one transaction): a plain store made the compiler
+    move the vector through shared memory, behind a barrier, to a layout of one row per thread."""
+    if _INTERPRET_C:
+        tl.store(ptrs, x, mask=mask)
+    else:
+        tl.inline_asm_elementwise(_ASM_ST_F16, "=r,l,h,r", [ptrs.to(tl.int64), x.to(tl.int16, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -138,7 +158,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 r = tl.math.div_rn(1.0, s)
             else:
                 s1 = _absmax_scale(x, QMAX)
-                tl.store(scales_ptr + s_row, s1.to(tl.float16), mask=tmask)
+                _store_rows_f16(scales_ptr + s_row, s1.to(tl.float16), tmask)
                 s = s1[:, None]
                 r = tl.math.div_rn(1.0, s1)[:, None]  # one division per row; per element: div_by_scale
             if FMT == K_FMT_INT8:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kvpack.kernels.quant import K_FMT_INT8, fp8_decode_f16, int8_to_f16, split_q_int8
 
@@ -61,6 +61,22 @@ V_LOAD = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 16], threads_per_warp=
                           warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
 
 
+# cp.async ring (PREFETCH > 0): the same tiles staged in shared memory in an order whose 16-byte
+# accesses are free of bank conflicts (the 8 lanes of each access phase cover one 128-byte window).
+# Each lane copies and later reads back its own bytes (same register layout both ways: no barrier).
+# K as [i 8, hb 2, nl 8, t 4, e 16] (code byte 16 hb + e of token 8 i + nl; lane 4 nl + t)
+K_RING = gl.BlockedLayout(size_per_thread=[8, 2, 1, 1, 16], threads_per_warp=[1, 1, 8, 4, 1],
+                          warps_per_cta=[1, 1, 1, 1, 1], order=[4, 1, 0, 3, 2])
+# V as [s 4, h 2, e 2, nl 8, t 4, m 16] (token 16 s + 8 h + 2 t + e, code byte 16 nl + m; lane 4 nl + t)
+V_RING = gl.BlockedLayout(size_per_thread=[4, 2, 2, 1, 1, 16], threads_per_warp=[1, 1, 1, 8, 4, 1],
+                          warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 2, 1, 0, 4, 3])
+# unswizzled shared buffers [slot, ...]: K [slot, 5 dims], V [slot, 6 dims], scales [slot, 8 groups, 8]
+# (the layouts name the dims after the slot index)
+K_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[4, 3, 2, 1, 0])
+V_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[5, 4, 3, 2, 1, 0])
+S_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+
+
 def _dims(layout, rank: int, *keep: int):
     """The layout of dimensions `keep` of a rank-`rank` layout (nested slices)."""
     for d in reversed(range(rank)):
@@ -73,6 +89,10 @@ K_I, K_NL, K_T, K_B = (_dims(K_LOAD, 4, d) for d in range(4))
 V_S, V_H, V_T, V_E, V_NL, V_M = (_dims(V_LOAD, 6, d) for d in range(6))
 V_SH = _dims(V_LOAD, 6, 0, 1)  # the V tile's 8-token groups as [s 4, h 2]
 COLS8_G = gl.SliceLayout(1, COLS8)
+KR_I, KR_HB, KR_NL, KR_T, KR_E = (_dims(K_RING, 5, d) for d in range(5))
+VR_S, VR_H, VR_E, VR_NL, VR_T, VR_M = (_dims(V_RING, 6, d) for d in range(6))
+VR_SH = _dims(V_RING, 6, 0, 1)
+VR_SH_S, VR_SH_H = gl.SliceLayout(1, VR_SH), gl.SliceLayout(0, VR_SH)
 
 
 @gluon.jit
@@ -96,27 +116,80 @@ def _ld(ptrs, mask, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _frag_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, slot,
+                kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                BLOCK_SIZE: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr, IDX64: gl.constexpr):
+    """cp.async of the whole 64-token tile at n0 (codes, and per-token scales) into ring slot `slot`;
+    nothing is read where not `valid` (the slot fills with zeros). The caller commits the group."""
+    # K codes [i, hb, nl, t, e]: token 8 i + nl, byte 32 t + 16 hb + e
+    g0 = n0 + gl.arange(0, 8, layout=KR_I) * 8
+    blk = gl.load(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(g0 >= 0) & valid, other=0)
+    if IDX64:
+        blk = blk.to(gl.int64)
+    krow = (blk * k_cs0 + h * k_cs1 + (g0 & (BLOCK_SIZE - 1)) * k_cs2)[:, None, None, None, None] \
+        + (gl.arange(0, 8, layout=KR_NL) * k_cs2)[None, None, :, None, None]
+    kb = (gl.arange(0, 2, layout=KR_HB) * 16)[None, :, None, None, None] \
+        + (gl.arange(0, 4, layout=KR_T) * 32)[None, None, None, :, None] \
+        + gl.arange(0, 16, layout=KR_E)[None, None, None, None, :]
+    kp = kc_ptr + krow + kb
+    async_copy.async_copy_global_to_shared(kbuf.index(slot), kp, mask=(kb >= 0) & valid)
+    # V codes [s, h, e, nl, t, m]: token 16 s + 8 h + 2 t + e, byte 16 nl + m
+    gv = n0 + (gl.arange(0, 4, layout=VR_SH_S) * 16)[:, None] \
+        + (gl.arange(0, 2, layout=VR_SH_H) * 8)[None, :]
+    vblk = gl.load(bt_row + (gv.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(gv >= 0) & valid, other=0)
+    if IDX64:
+        vblk = vblk.to(gl.int64)
+    vtok = (gl.arange(0, 2, layout=VR_E))[None, None, :, None, None, None] \
+        + (gl.arange(0, 4, layout=VR_T) * 2)[None, None, None, None, :, None]
+    vrow = (vblk * v_cs0 + h * v_cs1 + (gv & (BLOCK_SIZE - 1)) * v_cs2)[:, :, None, None, None, None] + vtok * v_cs2
+    vb = (gl.arange(0, 8, layout=VR_NL) * 16)[None, None, None, :, None, None] \
+        + gl.arange(0, 16, layout=VR_M)[None, None, None, None, None, :]
+    async_copy.async_copy_global_to_shared(vbuf.index(slot), vc_ptr + vrow + vb, mask=(vb >= 0) & valid)
+    if not (K_STATIC and V_STATIC):  # per-token scales [8 groups, 8] in the COLS8 layout
+        LOG2_BS: gl.constexpr = BLOCK_SIZE.bit_length() - 1
+        sg = n0 + gl.arange(0, 8, layout=COLS8_G) * 8
+        sblk = gl.load(bt_row + (sg.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(sg >= 0) & valid, other=0)
+        if IDX64:
+            sblk = sblk.to(gl.int64)
+        nw = gl.arange(0, 8, layout=gl.SliceLayout(0, COLS8))[None, :]
+        soff = (sg - (sg >> LOG2_BS) * BLOCK_SIZE)[:, None] + nw  # (an & loses the divisibility: 2-byte copies)
+        if not K_STATIC:
+            ksp = ks_ptr + (sblk * k_ss0 + h * k_ss1)[:, None] + soff * k_ss2
+            async_copy.async_copy_global_to_shared(ksbuf.index(slot), ksp, mask=(nw >= 0) & valid)
+        if not V_STATIC:
+            vsp = vs_ptr + (sblk * v_ss0 + h * v_ss1)[:, None] + soff * v_ss2
+            async_copy.async_copy_global_to_shared(vsbuf.index(slot), vsp, mask=(nw >= 0) & valid)
+
+
+@gluon.jit
 def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
-               IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr):
+               IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr,
+               RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0):
     """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot"). QK8 (int8
     K): q, q_lo are q's int8 parts, q_s its per-row step times the softmax scale, and the codes feed
     int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16."""
     # ---- K codes in fragment order, scores [16, 64] ----
-    g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
-    blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
-    if IDX64:
-        blk = blk.to(gl.int64)
-    goff = g0 & (BLOCK_SIZE - 1)
-    knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
-    kmask = g0[:, None, None, None] + knl < end
-    krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
-    kt = gl.arange(0, 4, layout=K_T)
-    kb = gl.arange(0, 32, layout=K_B)
-    kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
+    if RING:  # a whole tile, landed in ring slot `slot` (`_frag_issue`): the lane's own bytes back
+        kr = kbuf.index(slot).load(K_RING)
+        kc = gl.convert_layout(gl.reshape(gl.permute(kr, [0, 2, 3, 1, 4]), [8, 8, 4, 32]), K_LOAD,
+                               assert_trivial=True)
+    else:
+        g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
+        blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
+        if IDX64:
+            blk = blk.to(gl.int64)
+        goff = g0 & (BLOCK_SIZE - 1)
+        knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
+        kmask = g0[:, None, None, None] + knl < end
+        krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
+        kt = gl.arange(0, 4, layout=K_T)
+        kb = gl.arange(0, 32, layout=K_B)
+        kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
     if QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (see the module doc)
         k = gl.permute(gl.reshape(kc, [8, 8, 4, 4, 2, 4]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
         k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP8, assert_trivial=True)
@@ -130,15 +203,20 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     # (the group values move by register renaming, before any stride multiplies: the strides'
     # divisibility, which the load vectorization needs, survives)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, COLS8))[None, :]
-    ng = gl.convert_layout(g0, COLS8_G, assert_trivial=True)[:, None]
-    nblk = gl.convert_layout(blk, COLS8_G, assert_trivial=True)[:, None]
-    noff = gl.convert_layout(goff, COLS8_G, assert_trivial=True)[:, None] + nw
-    nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), COLS, assert_trivial=True)
+    if not RING:
+        ng = gl.convert_layout(g0, COLS8_G, assert_trivial=True)[:, None]
+        nblk = gl.convert_layout(blk, COLS8_G, assert_trivial=True)[:, None]
+        noff = gl.convert_layout(goff, COLS8_G, assert_trivial=True)[:, None] + nw
+        nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), COLS, assert_trivial=True)
     VTOK: gl.constexpr = not V_STATIC
     if not K_STATIC:
-        ksr = nblk * k_ss0 + h * k_ss1 + noff * k_ss2
-        ksr = gl.convert_layout(gl.reshape(ksr, [64]), COLS, assert_trivial=True)
-        ks = _ld(ks_ptr + ksr, nmask, MASKED).to(gl.float32)
+        if RING:
+            ks = gl.convert_layout(gl.reshape(ksbuf.index(slot).load(COLS8), [64]), COLS,
+                                   assert_trivial=True).to(gl.float32)
+        else:
+            ksr = nblk * k_ss0 + h * k_ss1 + noff * k_ss2
+            ksr = gl.convert_layout(gl.reshape(ksr, [64]), COLS, assert_trivial=True)
+            ks = _ld(ks_ptr + ksr, nmask, MASKED).to(gl.float32)
         if QK8:  # the softmax scale is in q_s
             s = s * ks[None, :]
         else:
@@ -157,23 +235,31 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     # ---- V codes in fragment order, P @ V [16, 128] (channel 8 m + nl) ----
-    vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
-        + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
-    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
-        + vw < end
-    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
-    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
-    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
-    vnl = gl.arange(0, 8, layout=V_NL)
-    vm = gl.arange(0, 16, layout=V_M)
-    vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
-             vmask, MASKED)
+    if RING:
+        vr = vbuf.index(slot).load(V_RING)  # [s, h, e, nl, t, m] -> [s, h, t, e, nl, m]
+        vc = gl.convert_layout(gl.permute(vr, [0, 1, 4, 2, 3, 5]), V_LOAD, assert_trivial=True)
+    else:
+        vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
+            + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
+        vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
+            + vw < end
+        vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
+        voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
+        vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
+        vnl = gl.arange(0, 8, layout=V_NL)
+        vm = gl.arange(0, 16, layout=V_M)
+        vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
+                 vmask, MASKED)
     v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
     v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
-        vsr = nblk * v_ss0 + h * v_ss1 + noff * v_ss2
-        vsr = gl.convert_layout(gl.reshape(vsr, [64]), COLS, assert_trivial=True)
-        vsc = _ld(vs_ptr + vsr, nmask, MASKED).to(gl.float32)
+        if RING:
+            vsc = gl.convert_layout(gl.reshape(vsbuf.index(slot).load(COLS8), [64]), COLS,
+                                    assert_trivial=True).to(gl.float32)
+        else:
+            vsr = nblk * v_ss0 + h * v_ss1 + noff * v_ss2
+            vsr = gl.convert_layout(gl.reshape(vsr, [64]), COLS, assert_trivial=True)
+            vsc = _ld(vs_ptr + vsr, nmask, MASKED).to(gl.float32)
         vmax = gl.max(vsc, axis=0)
         vmax = gl.where(vmax > 0, vmax, 1.0)
         p = p * (vsc * (1.0 / vmax))[None, :]
@@ -243,7 +329,36 @@ def _frag_decode_kernel(
     acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    for phase in gl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
+    FIRST: gl.constexpr = 1 if PREFETCH > 0 else 0  # the ring takes the whole tiles
+    if PREFETCH > 0:  # whole tiles through a cp.async ring of PREFETCH + 1 slots, PREFETCH tiles ahead
+        NSLOT: gl.constexpr = PREFETCH + 1
+        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 8, 2, 8, 4, 16], K_SMEM)
+        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 4, 2, 2, 8, 4, 16], V_SMEM)
+        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
+        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
+        n_full = (full_end - start) // 64
+        for t in gl.static_range(PREFETCH):
+            _frag_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, t,
+                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                        BLOCK_SIZE, K_STATIC, V_STATIC, IDX64)
+            async_copy.commit_group()
+        for i in range(0, n_full):
+            _frag_issue(start + (i + PREFETCH) * 64, i + PREFETCH < n_full, h, bt_row, kbuf, vbuf, ksbuf, vsbuf,
+                        (i + PREFETCH) % NSLOT,
+                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                        BLOCK_SIZE, K_STATIC, V_STATIC, IDX64)
+            async_copy.commit_group()
+            async_copy.wait_group(PREFETCH)  # tile i has landed
+            gl.thread_barrier()  # (the scales: a lane may read what another lane copied)
+            m_i, l_i, acc = _frag_tile(start + i * 64, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+                                       kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                       vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                       BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False,
+                                       KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT)
+        async_copy.wait_group(0)
+    for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
         for n0 in range(lo, hi, 64):

