@@ -25,6 +25,14 @@ data between lanes.
   64-token tile: int8 1312 instructions (fp16 MMAs here: 1633; "imma": 1252), int8-static 992
   (1345; 1037).
 
+- PREFETCH > 0 (session 9): the whole tiles are copied PREFETCH tiles ahead with cp.async (Ampere's
+  asynchronous copy; no registers held while the bytes travel) into a ring of PREFETCH + 1 slots in
+  shared memory (16.6 KB a slot with per-token scales), in an order whose 16-byte accesses are free of
+  bank conflicts, and each lane reads its own bytes back in the fragment layout (`K_RING`, `V_RING`:
+  the hand-over to `K_LOAD` / `V_LOAD` is again proven a register renaming). Same operations on the
+  same codes: the outputs equal PREFETCH = 0 bit for bit (gpu-marked test). The last, partial tile
+  still loads directly.
+
 Scope: int8 and FP8 codes on both sides (per-token or static scales), head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
@@ -286,8 +294,8 @@ def _frag_decode_kernel(
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False,
 ):
-    """`_decode_kernel`'s arguments (zeros, dtypes, PREFETCH, QK8 unused: an int8 K always takes int8
-    MMAs here); D == 128, BLOCK_N == 64."""
+    """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
+    PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads); D == 128, BLOCK_N == 64."""
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)
