@@ -69,20 +69,23 @@ V_LOAD = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 16], threads_per_warp=
                           warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
 
 
-# cp.async ring (PREFETCH > 0): the same tiles staged in shared memory in an order whose 16-byte
-# accesses are free of bank conflicts (the 8 lanes of each access phase cover one 128-byte window).
-# Each lane copies and later reads back its own bytes (same register layout both ways: no barrier).
-# K as [i 8, hb 2, nl 8, t 4, e 16] (code byte 16 hb + e of token 8 i + nl; lane 4 nl + t)
-K_RING = gl.BlockedLayout(size_per_thread=[8, 2, 1, 1, 16], threads_per_warp=[1, 1, 8, 4, 1],
-                          warps_per_cta=[1, 1, 1, 1, 1], order=[4, 1, 0, 3, 2])
-# V as [s 4, h 2, e 2, nl 8, t 4, m 16] (token 16 s + 8 h + 2 t + e, code byte 16 nl + m; lane 4 nl + t)
-V_RING = gl.BlockedLayout(size_per_thread=[4, 2, 2, 1, 1, 16], threads_per_warp=[1, 1, 1, 8, 4, 1],
-                          warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 2, 1, 0, 4, 3])
-# unswizzled shared buffers [slot, ...]: K [slot, 5 dims], V [slot, 6 dims], scales [slot, 8 groups, 8]
-# (the layouts name the dims after the slot index)
-K_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[4, 3, 2, 1, 0])
-V_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[5, 4, 3, 2, 1, 0])
-S_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+# cp.async ring (PREFETCH > 0): a tile's K (or V) codes as [8 groups of 8 tokens, 8 rows, 128 bytes]
+# in shared memory, 16-byte chunks swizzled (chunk ^ row), so that the coalesced copies (a warp
+# writes 4 whole rows) and the fragment-layout reads (a lane reads its 32 or 16 bytes) are both free of
+# bank conflicts; the reads cross lanes (a barrier after the wait).
+RING_COPY = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[1, 4, 8], warps_per_cta=[1, 1, 1],
+                             order=[2, 1, 0])
+RING_SMEM = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[2, 1, 0])
+S_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])  # scales [slot, 8, 8]
+# K_LOAD and V_LOAD over [group, row, byte] (token 8 group + row): the same registers and lanes
+K_RING = gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+    lane_bases=[[0, 0, 32], [0, 0, 64], [0, 1, 0], [0, 2, 0], [0, 4, 0]], warp_bases=[], block_bases=[],
+    shape=[8, 8, 128])
+V_RING = gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 1, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+    lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 16], [0, 0, 32], [0, 0, 64]], warp_bases=[], block_bases=[],
+    shape=[8, 8, 128])
 
 
 def _dims(layout, rank: int, *keep: int):
@@ -97,10 +100,7 @@ K_I, K_NL, K_T, K_B = (_dims(K_LOAD, 4, d) for d in range(4))
 V_S, V_H, V_T, V_E, V_NL, V_M = (_dims(V_LOAD, 6, d) for d in range(6))
 V_SH = _dims(V_LOAD, 6, 0, 1)  # the V tile's 8-token groups as [s 4, h 2]
 COLS8_G = gl.SliceLayout(1, COLS8)
-KR_I, KR_HB, KR_NL, KR_T, KR_E = (_dims(K_RING, 5, d) for d in range(5))
-VR_S, VR_H, VR_E, VR_NL, VR_T, VR_M = (_dims(V_RING, 6, d) for d in range(6))
-VR_SH = _dims(V_RING, 6, 0, 1)
-VR_SH_S, VR_SH_H = gl.SliceLayout(1, VR_SH), gl.SliceLayout(0, VR_SH)
+RC_G, RC_R, RC_B = (_dims(RING_COPY, 3, d) for d in range(3))
 
 
 @gluon.jit
@@ -130,30 +130,18 @@ def _frag_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, slot,
                 BLOCK_SIZE: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr, IDX64: gl.constexpr):
     """cp.async of the whole 64-token tile at n0 (codes, and per-token scales) into ring slot `slot`;
     nothing is read where not `valid` (the slot fills with zeros). The caller commits the group."""
-    # K codes [i, hb, nl, t, e]: token 8 i + nl, byte 32 t + 16 hb + e
-    g0 = n0 + gl.arange(0, 8, layout=KR_I) * 8
+    # K and V codes [group, row, byte] of token 8 group + row: a warp copies 4 whole rows per instruction
+    g0 = n0 + gl.arange(0, 8, layout=RC_G) * 8
     blk = gl.load(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(g0 >= 0) & valid, other=0)
     if IDX64:
         blk = blk.to(gl.int64)
-    krow = (blk * k_cs0 + h * k_cs1 + (g0 & (BLOCK_SIZE - 1)) * k_cs2)[:, None, None, None, None] \
-        + (gl.arange(0, 8, layout=KR_NL) * k_cs2)[None, None, :, None, None]
-    kb = (gl.arange(0, 2, layout=KR_HB) * 16)[None, :, None, None, None] \
-        + (gl.arange(0, 4, layout=KR_T) * 32)[None, None, None, :, None] \
-        + gl.arange(0, 16, layout=KR_E)[None, None, None, None, :]
-    kp = kc_ptr + krow + kb
-    async_copy.async_copy_global_to_shared(kbuf.index(slot), kp, mask=(kb >= 0) & valid)
-    # V codes [s, h, e, nl, t, m]: token 16 s + 8 h + 2 t + e, byte 16 nl + m
-    gv = n0 + (gl.arange(0, 4, layout=VR_SH_S) * 16)[:, None] \
-        + (gl.arange(0, 2, layout=VR_SH_H) * 8)[None, :]
-    vblk = gl.load(bt_row + (gv.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(gv >= 0) & valid, other=0)
-    if IDX64:
-        vblk = vblk.to(gl.int64)
-    vtok = (gl.arange(0, 2, layout=VR_E))[None, None, :, None, None, None] \
-        + (gl.arange(0, 4, layout=VR_T) * 2)[None, None, None, None, :, None]
-    vrow = (vblk * v_cs0 + h * v_cs1 + (gv & (BLOCK_SIZE - 1)) * v_cs2)[:, :, None, None, None, None] + vtok * v_cs2
-    vb = (gl.arange(0, 8, layout=VR_NL) * 16)[None, None, None, :, None, None] \
-        + gl.arange(0, 16, layout=VR_M)[None, None, None, None, None, :]
-    async_copy.async_copy_global_to_shared(vbuf.index(slot), vc_ptr + vrow + vb, mask=(vb >= 0) & valid)
+    tok = (g0 & (BLOCK_SIZE - 1))[:, None, None] + gl.arange(0, 8, layout=RC_R)[None, :, None]
+    col = gl.arange(0, 128, layout=RC_B)[None, None, :]
+    cmask = (col >= 0) & valid
+    async_copy.async_copy_global_to_shared(
+        kbuf.index(slot), kc_ptr + (blk * k_cs0 + h * k_cs1)[:, None, None] + tok * k_cs2 + col, mask=cmask)
+    async_copy.async_copy_global_to_shared(
+        vbuf.index(slot), vc_ptr + (blk * v_cs0 + h * v_cs1)[:, None, None] + tok * v_cs2 + col, mask=cmask)
     if not (K_STATIC and V_STATIC):  # per-token scales [8 groups, 8] in the COLS8 layout
         LOG2_BS: gl.constexpr = BLOCK_SIZE.bit_length() - 1
         sg = n0 + gl.arange(0, 8, layout=COLS8_G) * 8
@@ -183,8 +171,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16."""
     # ---- K codes in fragment order, scores [16, 64] ----
     if RING:  # a whole tile, landed in ring slot `slot` (`_frag_issue`): the lane's own bytes back
-        kr = kbuf.index(slot).load(K_RING)
-        kc = gl.convert_layout(gl.reshape(gl.permute(kr, [0, 2, 3, 1, 4]), [8, 8, 4, 32]), K_LOAD,
+        kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K_RING), [8, 8, 4, 32]), K_LOAD,
                                assert_trivial=True)
     else:
         g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
@@ -244,8 +231,8 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     l_i = l_i * alpha + gl.sum(p, axis=1)
     # ---- V codes in fragment order, P @ V [16, 128] (channel 8 m + nl) ----
     if RING:
-        vr = vbuf.index(slot).load(V_RING)  # [s, h, e, nl, t, m] -> [s, h, t, e, nl, m]
-        vc = gl.convert_layout(gl.permute(vr, [0, 1, 4, 2, 3, 5]), V_LOAD, assert_trivial=True)
+        vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V_RING), [4, 2, 4, 2, 8, 16]), V_LOAD,
+                               assert_trivial=True)
     else:
         vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
             + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
@@ -340,8 +327,8 @@ def _frag_decode_kernel(
     FIRST: gl.constexpr = 1 if PREFETCH > 0 else 0  # the ring takes the whole tiles
     if PREFETCH > 0:  # whole tiles through a cp.async ring of PREFETCH + 1 slots, PREFETCH tiles ahead
         NSLOT: gl.constexpr = PREFETCH + 1
-        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 8, 2, 8, 4, 16], K_SMEM)
-        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 4, 2, 2, 8, 4, 16], V_SMEM)
+        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
+        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
         ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
         vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
         n_full = (full_end - start) // 64
@@ -359,7 +346,7 @@ def _frag_decode_kernel(
                         BLOCK_SIZE, K_STATIC, V_STATIC, IDX64)
             async_copy.commit_group()
             async_copy.wait_group(PREFETCH)  # tile i has landed
-            gl.thread_barrier()  # (the scales: a lane may read what another lane copied)
+            gl.thread_barrier()  # the reads cross lanes
             m_i, l_i, acc = _frag_tile(start + i * 64, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
