@@ -281,6 +281,28 @@ def test_auto_frag_on_long_splits(kinds, lens, splits, long, monkeypatch):
     assert da.plan_decode(q, lc, meta, 0.1, num_splits=splits).variant == fallback
 
 
+@pytest.mark.parametrize("batch,ctx,bs,want", [(32, 4096, 16, (2, 1)), (64, 2048, 16, (1, 1)), (8, 8192, 16, (8, 1)),
+                                                (128, 1024, 16, (1, 0)), (32, 4096, 8, (4, 0)), (1, 32768, 16, None)])
+def test_frag_ring_plan(batch, ctx, bs, want, monkeypatch):
+    """"auto" on int8 K and V, as planned for an H200 (132 SMs): the cp.async ring (PREFETCH 1) with
+    about 4 programs per SM where the grid allows (`choose_ring_splits`), none with a larger grid or
+    8-token blocks (plain "frag", its own split rule), and no "frag" where its splits would be short."""
+    import kvpack.kernels.decode_attention as da
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(da, "INTERPRET", False)
+    q, lc, meta = build_case("int8", "int8", [5] * batch, 32, 8, 128, bs)
+    meta = dataclasses.replace(meta, max_seq_len=ctx)
+    plan = da.plan_decode(q, lc, meta, 0.1)
+    if want is None:
+        assert plan.variant == "imma"
+        return
+    assert plan.variant == "frag"
+    assert (plan.grid[2], plan.args[plan.kernel.arg_names.index("PREFETCH")]) == want
+
+
 def test_needs_idx64_reads_strides():
     """int64 indexing when any element offset of a pool tensor (strided views too) reaches 2**31."""
     from types import SimpleNamespace

@@ -39,7 +39,8 @@ from kvpack.attention.kv_cache import LayerKVCache
 from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_variant, fallback_variant,
+    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_ring_splits, choose_variant,
+    fallback_variant,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -487,14 +488,26 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
                                            or block_size < 8):
         variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
+    # "frag" copies whole tiles a tile ahead through a cp.async ring where its grid stays small
+    # (`choose_ring_splits`; blocks >= 16 tokens: the scale copies need 4-byte alignment)
+    ring_splits = None
+    if variant in ("frag", "frag?") and prefetch is None and block_size >= 16:
+        ring_splits = choose_ring_splits(B, Hkv, metadata.max_seq_len, dev)
+
+    def split_len(splits: int) -> int:
+        return triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
+
     if variant == "frag?":  # "auto" on 8-bit K and V: "frag" with >= FRAG_MIN_TOKENS tokens per program
-        splits = num_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
-        per_split = triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
-        variant = "frag" if per_split >= FRAG_MIN_TOKENS else fallback_variant(kp.fmt.kind)
+        if num_splits is None and ring_splits and split_len(ring_splits) < FRAG_MIN_TOKENS:
+            ring_splits = None  # the ring's splits are short: the plain kernel's rule decides
+        splits = num_splits or ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
+        variant = "frag" if split_len(splits) >= FRAG_MIN_TOKENS else fallback_variant(kp.fmt.kind)
     if variant == "frag":  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
-            num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
+            num_splits = ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
+        if prefetch is None:
+            prefetch = 1 if ring_splits else 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         block_n = max(block_n or bn, block_size)

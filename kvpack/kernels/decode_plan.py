@@ -60,6 +60,23 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(max_splits, want, 128))
 
 
+RING_PER_SM = 4  # "frag" with its cp.async ring: programs per SM (H200, results/attention_tune_s9)
+
+
+def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int | None:
+    """Splits per sequence for "frag" with its cp.async ring (`decode_frag`, PREFETCH = 1), or None
+    where the ring does not pay. Measured on an H200 (results/attention_tune_s9): with whole tiles
+    copied a tile ahead, a program is best left running long: the fastest grids held about 4 programs
+    per SM (512 programs at 8 x 8192, 32 x 4096 and 64 x 2048; 3-8 % faster than the best without the
+    ring), while a grid of more than ~6 per SM (the ring's 33 KB of shared memory a program) ran in a
+    second wave, 20-25 % slower than no ring (128 x 1024)."""
+    work = max(1, num_seqs * num_kv_heads)
+    slots = RING_PER_SM * _sm_count(device)
+    if work > slots:
+        return None
+    return max(1, min(slots // work, triton.cdiv(max_seq_len, 4 * 64), 128))
+
+
 VARIANTS = ("auto", "dot", "imma", "frag")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
