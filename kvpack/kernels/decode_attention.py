@@ -15,8 +15,9 @@ Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIA
 else "auto": "frag" for 8-bit K and V (int8 or FP8) with long splits, else "imma" for int8 K, else "dot"): "dot"
 (`_decode_kernel`, tensor cores, described here), "imma" (the same kernel with int8 K codes fed to
 an int8 MMA: q split into two int8 parts, `split_q_int8`) and "frag" (`decode_frag`, Gluon: 8-bit codes
-loaded straight into the MMA fragment layout, no shared memory). All write the same partials for
-`_merge_kernel`.
+loaded straight into the MMA fragment layout; where its grid holds <= 4 programs per SM, whole
+tiles copied a tile ahead through a cp.async ring in shared memory, `decode_plan.choose_ring_splits`).
+All write the same partials for `_merge_kernel`.
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
 public launcher `decode_paged_attention` are here. (Sessions 3-5 also had "fma", CUDA-core dot
 products, and "dott", scores as K @ q^T; neither won a tune round since session 4: removed in
