@@ -124,6 +124,18 @@ def _ld(ptrs, mask, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _tile_scales(sbuf, slot, s_ptr, nblk, noff, nmask, h, ss0, ss1, ss2, MASKED: gl.constexpr, RING: gl.constexpr):
+    """A tile's per-token scales [64] in the scores' column layout, float32: from ring slot `slot`, or
+    loaded (nblk, noff: [8 groups, 8] block indices and offsets in COLS8)."""
+    if RING:
+        out = gl.convert_layout(gl.reshape(sbuf.index(slot).load(COLS8), [64]), COLS, assert_trivial=True)
+    else:
+        sr = gl.convert_layout(gl.reshape(nblk * ss0 + h * ss1 + noff * ss2, [64]), COLS, assert_trivial=True)
+        out = _ld(s_ptr + sr, nmask, MASKED)
+    return out.to(gl.float32)
+
+
+@gluon.jit
 def _frag_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, slot,
                 kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -198,6 +210,9 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     # (the group values move by register renaming, before any stride multiplies: the strides'
     # divisibility, which the load vectorization needs, survives)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, COLS8))[None, :]
+    nblk = 0  # (RING: the scales come from the ring slot)
+    noff = 0
+    nmask = 0
     if not RING:
         ng = gl.convert_layout(g0, COLS8_G, assert_trivial=True)[:, None]
         nblk = gl.convert_layout(blk, COLS8_G, assert_trivial=True)[:, None]
@@ -205,13 +220,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), COLS, assert_trivial=True)
     VTOK: gl.constexpr = not V_STATIC
     if not K_STATIC:
-        if RING:
-            ks = gl.convert_layout(gl.reshape(ksbuf.index(slot).load(COLS8), [64]), COLS,
-                                   assert_trivial=True).to(gl.float32)
-        else:
-            ksr = nblk * k_ss0 + h * k_ss1 + noff * k_ss2
-            ksr = gl.convert_layout(gl.reshape(ksr, [64]), COLS, assert_trivial=True)
-            ks = _ld(ks_ptr + ksr, nmask, MASKED).to(gl.float32)
+        ks = _tile_scales(ksbuf, slot, ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED, RING)
         if QK8:  # the softmax scale is in q_s
             s = s * ks[None, :]
         else:
@@ -248,13 +257,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
     v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
-        if RING:
-            vsc = gl.convert_layout(gl.reshape(vsbuf.index(slot).load(COLS8), [64]), COLS,
-                                    assert_trivial=True).to(gl.float32)
-        else:
-            vsr = nblk * v_ss0 + h * v_ss1 + noff * v_ss2
-            vsr = gl.convert_layout(gl.reshape(vsr, [64]), COLS, assert_trivial=True)
-            vsc = _ld(vs_ptr + vsr, nmask, MASKED).to(gl.float32)
+        vsc = _tile_scales(vsbuf, slot, vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED, RING)
         vmax = gl.max(vsc, axis=0)
         vmax = gl.where(vmax > 0, vmax, 1.0)
         p = p * (vsc * (1.0 / vmax))[None, :]
