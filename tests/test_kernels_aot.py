@@ -118,7 +118,7 @@ def variants():
                 out.append((f"decode-imma/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon, fragment-layout loads
                 for splits in (1, 2):
-                    plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag")
+                    plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag", prefetch=0)
                     assert plan.variant == "frag", plan.variant
                     out.append((f"decode-frag/{name}/D{D}/splits{splits}", plan.kernel, plan.args, plan.options))
                 # whole tiles through a cp.async ring (Ampere's cp.async: no TMA)
@@ -220,8 +220,9 @@ def test_cache_write_has_no_fused_multiply_add(aot_results):
 
 
 def test_frag_decode_uses_no_shared_memory(aot_results):
-    """The "frag" kernel loads codes in the MMA fragment layout: no shared-memory staging (the
-    "dot" kernel stages each tile, 20 KB), and its hand-overs compiled as register renamings
+    """The "frag" kernel with direct loads (PREFETCH 0) loads codes in the MMA fragment layout: no
+    shared-memory staging (the "dot" kernel stages each tile, 20 KB; the ring variant holds two
+    tiles by design), and its hand-overs compiled as register renamings
     (`convert_layout(..., assert_trivial=True)` fails the compile otherwise). With int8 K, q's two
     int8 parts move once per program from a blocked layout to the MMA operand through shared memory
     (at most 16 x 128 bytes; one 64-token tile staged would need >= 8 KB)."""
@@ -230,6 +231,8 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     assert len(frag) == 16, [r["variant"] for r in frag]
     for r in frag:
         assert r["shared"] <= (2048 if "/int8" in r["variant"] else 0), (r["variant"], r["shared"])
+    ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)
+    assert ring and all(r["shared"] >= 2 * 16384 for r in ring), [(r["variant"], r["shared"]) for r in ring]
     assert dot and all(r["shared"] > 8192 for r in dot)  # the check would see staging
 
 
