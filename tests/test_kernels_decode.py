@@ -301,6 +301,11 @@ def test_frag_ring_plan(batch, ctx, bs, want, monkeypatch):
         return
     assert plan.variant == "frag"
     assert (plan.grid[2], plan.args[plan.kernel.arg_names.index("PREFETCH")]) == want
+    # a GPU whose multiprocessors hold only 2 ring programs (~100 KB of shared memory): direct loads
+    monkeypatch.setattr(dp, "_ring_programs_per_sm", lambda dev: 2)
+    plan = da.plan_decode(q, lc, meta, 0.1)
+    assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == 0
+    assert plan.grid[2] == dp.choose_num_splits(batch, 8, ctx, 64, q.device, 1, 128)
 
 
 def test_needs_idx64_reads_strides():

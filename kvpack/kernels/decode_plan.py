@@ -60,7 +60,21 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     return max(1, min(max_splits, want, 128))
 
 
-RING_PER_SM = 4  # "frag" with its cp.async ring: programs per SM (H200, results/attention_tune_s9)
+RING_PER_SM = 4  # "frag" with its cp.async ring: programs per SM (H200, results/attention_s9)
+RING_SMEM_BYTES = 2 * (2 * 64 * 128 + 2 * 64 * 2)  # its two slots: K and V codes, K and V scales
+_RING_FIT: dict[int, int] = {}
+
+
+def _ring_programs_per_sm(device: torch.device) -> int:
+    """How many ring programs a multiprocessor's shared memory holds (H200 6, A100 4, sm_86 / sm_89
+    GPUs 2); CPU planning (tests) answers as for an H200."""
+    if device.type != "cuda":
+        return 6
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _RING_FIT:  # the opt-in maximum per block; the SM reserves 1 KB per block
+        smem = triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"]
+        _RING_FIT[idx] = (smem + 1024) // (RING_SMEM_BYTES + 1024)
+    return _RING_FIT[idx]
 
 
 def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int | None:
@@ -69,7 +83,11 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
     copied a tile ahead, a program is best left running long: the fastest grids held about 4 programs
     per SM (512 programs at 8 x 8192, 32 x 4096 and 64 x 2048; 3-8 % faster than the best without the
     ring), while a grid of more than ~6 per SM (the ring's 33 KB of shared memory a program) ran in a
-    second wave, 20-25 % slower than no ring (128 x 1024)."""
+    second wave, 20-25 % slower than no ring (128 x 1024). GPUs whose multiprocessors hold fewer than
+    RING_PER_SM ring programs (RTX 30xx / A10 / L4 class: about 100 KB of shared memory) keep direct
+    loads (unmeasured there)."""
+    if _ring_programs_per_sm(device) < RING_PER_SM:
+        return None
     work = max(1, num_seqs * num_kv_heads)
     slots = RING_PER_SM * _sm_count(device)
     if work > slots:
