@@ -79,7 +79,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         if CENTER:
             x = x - tl.load(mean_ptr + h * D + d)[None, :]
         if ROTATE:
-            x = _hadamard(x, BT, D, HB, NORM)
+            x = _hadamard(x, BT, D, HB, NORM, True)
         # groups: reductions over the last axis of [BT, NG, G] kept as size-1 axes, so the parameters
         # broadcast back in the same layout (no reshape of a broadcast: that went through shared memory)
         xg = tl.reshape(x, (BT, NG, G))
@@ -143,7 +143,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         if CENTER:
             x = x - tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
         if ROTATE:  # padding channels are 0 and fill whole Hadamard blocks of their own
-            x = _hadamard(x, BT, D_PAD, HB, NORM)
+            x = _hadamard(x, BT, D_PAD, HB, NORM, True)
         c_ptrs = codes_ptr + c_row[:, None] + d[None, :]
         if FMT == K_FMT_FLOAT:
             if (codes_ptr.dtype.element_ty == x_in.dtype) and not CENTER and not ROTATE:  # a copy
