@@ -24,8 +24,8 @@ from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
-    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, div_by_scale, f32_to_bf16_rne, fp8_encode, fp8_encode_hw,
-    int4_encode, int4_pack, int8_encode,
+    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, div_by_scale, f32_to_bf16_rne, fp8_encode,
+    fp8_encode_hw, int4_encode, int4_pack, int8_encode,
 )
 
 
@@ -52,8 +52,9 @@ def _store_rows_f16(ptrs, x, mask):
     if _INTERPRET_C:
         tl.store(ptrs, x, mask=mask)
     else:
-        tl.inline_asm_elementwise(_ASM_ST_F16, "=r,l,h,r", [ptrs.to(tl.int64), x.to(tl.int16, bitcast=True), mask.to(tl.int32)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        tl.inline_asm_elementwise(_ASM_ST_F16, "=r,l,h,r",
+                                  [ptrs.to(tl.int64), x.to(tl.int16, bitcast=True), mask.to(tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

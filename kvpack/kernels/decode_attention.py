@@ -509,6 +509,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             num_splits = ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
         if prefetch is None:
             prefetch = 1 if ring_splits else 0
+        elif block_size < 16:  # the ring's scale copies need 4-byte alignment: direct loads
+            prefetch = 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         block_n = max(block_n or bn, block_size)
@@ -564,8 +566,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
              *k_c, *v_c, INTERPRET, fast_cvt,
              _needs_idx64(kp, vp) if index64 is None else index64,
-             0 if INTERPRET or (variant == "frag" and block_size < 16)  # (ring: scale copies of >= 4 bytes)
-             else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
+             0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
              variant == "imma"]
     if kernel is _decode_kernel:
         args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False))]

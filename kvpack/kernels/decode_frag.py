@@ -27,11 +27,12 @@ data between lanes.
 
 - PREFETCH > 0 (session 9): the whole tiles are copied PREFETCH tiles ahead with cp.async (Ampere's
   asynchronous copy; no registers held while the bytes travel) into a ring of PREFETCH + 1 slots in
-  shared memory (16.6 KB a slot with per-token scales), in an order whose 16-byte accesses are free of
-  bank conflicts, and each lane reads its own bytes back in the fragment layout (`K_RING`, `V_RING`:
-  the hand-over to `K_LOAD` / `V_LOAD` is again proven a register renaming). Same operations on the
+  shared memory (16.6 KB a slot with per-token scales). A warp copies whole 128-byte rows (coalesced)
+  into a buffer with its 16-byte chunks swizzled (chunk ^ row), then, after the wait and a barrier,
+  each lane reads its fragment bytes (`K_RING`, `V_RING`: the hand-over to `K_LOAD` / `V_LOAD` is
+  again proven a register renaming); both sides are free of bank conflicts. Same operations on the
   same codes: the outputs equal PREFETCH = 0 bit for bit (gpu-marked test). The last, partial tile
-  still loads directly.
+  still loads directly. Blocks of >= 16 tokens only (the scale copies need 4-byte alignment).
 
 Scope: int8 and FP8 codes on both sides (per-token or static scales), head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
