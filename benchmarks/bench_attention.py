@@ -266,6 +266,10 @@ TUNE_CONFIGS = [
     # tiles ahead through a cp.async ring in shared memory (33 / 50 KB per program: 6 / 4 per SM)
     ("frag-pf1", "frag", {"prefetch": 1}),
     ("frag-pf2", "frag", {"prefetch": 2}),
+    # session 10: the split merge fused into the decode kernels (the last split program merges) against
+    # `_merge_kernel` as a second launch, every variant at its own plan (run with --tune-splits 0)
+    ("auto-separate", "auto", {"merge": "separate"}),
+    ("auto-fused", "auto", {"merge": "fused"}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]
@@ -290,7 +294,7 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
     """Every config of TUNE_CONFIGS (or the names in `configs`) on every (shape, format) at splits
     base * split_mults (base: the launcher's heuristic); each result is checked against the dot output. bf16 (dot,
     default) is timed per shape as the baseline. Rows go to out_path after every config."""
-    from kvpack.kernels.decode_attention import decode_paged_attention
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
     t0 = time.time()
     cases = {}
@@ -315,14 +319,18 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
                 if (shape.name, fmt_name) not in ref_out:
                     ref_out[(shape.name, fmt_name)] = decode_paged_attention(q, lc, meta, scale, variant="dot").float()
                 ref = ref_out[(shape.name, fmt_name)]
-                for splits in sorted({min(256, max(1, int(base * m))) for m in split_mults}):
+                # multiplier 0: the plan's own split count (num_splits=None)
+                for splits in sorted({min(256, max(1, int(base * m))) if m else 0 for m in split_mults}):
                     row = {"shape": shape.name, "format": fmt_name, "config": name, "variant": variant,
                            **{k: v for k, v in cfg.items()}, "block_n": kw.get("block_n"), "splits": splits,
                            "kv_bytes": kv_bytes(lc, shape), "bf16_us": bf16_us[shape.name]}
                     try:
-                        fn = lambda: decode_paged_attention(q, lc, meta, scale, num_splits=splits,  # noqa: E731
+                        fn = lambda: decode_paged_attention(q, lc, meta, scale, num_splits=splits or None,  # noqa: E731
                                                             variant=variant, **kw)
                         out = fn().float()
+                        plan = plan_decode(q, lc, meta, scale, num_splits=splits or None, variant=variant, **kw)
+                        row["plan_variant"], row["plan_splits"] = plan.variant, plan.grid[2]
+                        row["fused_merge"] = plan.merge_grid is None and plan.grid[2] > 1
                         row["max_diff_vs_dot"] = ((out - ref).abs() / (1 + ref.abs())).max().item()
                         row["us"] = time_graph(fn, rep_ms)
                     except Exception as e:  # a config that does not compile or launch: recorded
@@ -334,7 +342,9 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
                     row["TBps"] = row["kv_bytes"] / row["us"] / 1e6
                     row["vs_bf16"] = row["us"] / row["bf16_us"]
                     bad = row["max_diff_vs_dot"] > 2e-2
-                    print(f"{shape.name:18s} {fmt_name:9s} {name:16s} sp={splits:3d} {row['us']:8.1f} us "
+                    print(f"{shape.name:18s} {fmt_name:9s} {name:16s} sp={splits:3d} "
+                          f"({row['plan_variant']} {row['plan_splits']}{' fused' if row['fused_merge'] else ''}) "
+                          f"{row['us']:8.1f} us "
                           f"{row['TBps']:5.2f} TB/s {row['vs_bf16']:5.2f}x bf16  diff {row['max_diff_vs_dot']:.1e}"
                           + ("  WRONG" if bad else ""), flush=True)
                     rows.append(row)
@@ -470,7 +480,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true",
                     help="sweep variant (auto/dot/imma/frag) x tile x warps x stages x splits for the quantized formats instead")
     ap.add_argument("--tune-configs", default=None, help="--tune: comma-separated TUNE_CONFIGS names")
-    ap.add_argument("--tune-splits", default="1,2", help="--tune: split multipliers of the heuristic (0.5,1,2)")
+    ap.add_argument("--tune-splits", default="1,2", help="--tune: split multipliers of the heuristic (0.5,1,2; 0: the plan's own)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="--tune: stop after this many seconds")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names")
     ap.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens) of every shape")

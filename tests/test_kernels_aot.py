@@ -101,14 +101,15 @@ def variants():
             meta = AttentionMetadata.build([1, 1], [40, 9], [[0, 1, 2], [3]], 16)
             # two splits need >= 2 tiles of context: 300 tokens (the tables are never read: no launch)
             meta2 = AttentionMetadata.build([1, 1], [300, 9], [list(range(19)), [3]], 16)
-            for splits in (1, 2):
+            for splits, merge in ((1, "auto"), (2, "separate"), (2, "fused")):
                 if splits == 2 and (D == 80 or name not in ("int8", "int4", "fp8_e4m3")):
                     continue
                 for v_mean in ((None, torch.zeros(2, D)) if name in ("int8", "int4") and D == 128 else (None,)):
                     clc = dataclasses.replace(lc, v_mean=v_mean)  # centered V: + mean in the epilogue / merge
-                    plan = plan_decode(q, clc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="dot")
-                    assert (plan.merge_args is not None) == (splits == 2), (name, D, splits)
-                    tag = f"{name}/D{D}/splits{splits}" + ("/centered" if v_mean is not None else "")
+                    plan = plan_decode(q, clc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="dot",
+                                       merge=merge)
+                    assert (plan.merge_args is not None) == (merge == "separate"), (name, D, splits)
+                    tag = f"{name}/D{D}/splits{splits}/{merge}" + ("/centered" if v_mean is not None else "")
                     out.append((f"decode/{tag}", _decode_kernel, plan.args, plan.options))
                     if plan.merge_args is not None:  # rotated V: the merge forms out @ R
                         out.append((f"merge/{tag}", _merge_kernel, plan.merge_args, {}))
@@ -117,10 +118,16 @@ def variants():
                 assert plan.variant == "imma", plan.variant
                 out.append((f"decode-imma/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon, fragment-layout loads
-                for splits in (1, 2):
-                    plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag", prefetch=0)
+                for splits, merge in ((1, "auto"), (2, "separate"), (2, "fused")):
+                    plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag", prefetch=0, merge=merge)
                     assert plan.variant == "frag", plan.variant
-                    out.append((f"decode-frag/{name}/D{D}/splits{splits}", plan.kernel, plan.args, plan.options))
+                    out.append((f"decode-frag/{name}/D{D}/splits{splits}/{merge}", plan.kernel, plan.args,
+                                plan.options))
+                if name == "int8":  # the fused merge adding a V mean
+                    clc = dataclasses.replace(lc, v_mean=torch.zeros(2, D))
+                    plan = plan_decode(q, clc, meta, 0.1, num_splits=2, variant="frag", prefetch=0, merge="fused")
+                    out.append((f"decode-frag/{name}/D{D}/splits2/fused/centered", plan.kernel, plan.args,
+                                plan.options))
                 # whole tiles through a cp.async ring (Ampere's cp.async: no TMA)
                 plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
                 out.append((f"decode-ring/{name}/D{D}", plan.kernel, plan.args, plan.options))
@@ -227,8 +234,8 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     int8 parts move once per program from a blocked layout to the MMA operand through shared memory
     (at most 16 x 128 bytes; one 64-token tile staged would need >= 8 KB)."""
     frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
-    dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1"]
-    assert len(frag) == 16, [r["variant"] for r in frag]
+    dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1/auto"]
+    assert len(frag) == 26, [r["variant"] for r in frag]
     for r in frag:
         assert r["shared"] <= (2048 if "/int8" in r["variant"] else 0), (r["variant"], r["shared"])
     ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)

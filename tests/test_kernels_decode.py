@@ -405,6 +405,116 @@ def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
     assert err <= tol, (k_name, v_name, D, splits, err)
 
 
+def merge_case(k_name, v_name, D, lens, Hq, Hkv, dtype, means, device="cpu"):
+    q, lc, meta = build_case(k_name, v_name, lens, Hq, Hkv, D, 16, dtype=dtype, device=device)
+    if means:
+        gen = torch.Generator().manual_seed(7)
+        lc = dataclasses.replace(lc, k_mean=torch.randn(Hkv, D, generator=gen).to(device),
+                                 v_mean=(torch.randn(Hkv, D, generator=gen) * 3).to(device))
+    return q, lc, meta
+
+
+def check_fused_merge(q, lc, meta, splits, variant, tol, prefetch=None):
+    """The fused merge (the last split program merges) against `_merge_kernel` and the reference:
+    the merge runs where planned, the counters are back to 0 afterwards, a second call returns the same
+    bits (the counters were reset), and fused and separate outputs differ by at most one rounding of
+    the output dtype (the same partials, summed in another order)."""
+    from kvpack.kernels import decode_plan as dp
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    D = q.shape[-1]
+    kw = dict(num_splits=splits, variant=variant, prefetch=prefetch)
+    fused_plan = plan_decode(q, lc, meta, D ** -0.5, merge="fused", **kw)
+    assert fused_plan.merge_grid is None and fused_plan.args[-1] > 0, "the merge is not fused"
+    assert plan_decode(q, lc, meta, D ** -0.5, merge="separate", **kw).merge_grid is not None
+    fused = decode_paged_attention(q, lc, meta, D ** -0.5, merge="fused", **kw)
+    cnt = dp.merge_counters(q.device, 0)
+    assert int(cnt.abs().sum()) == 0, "a counter was not put back to 0"
+    again = decode_paged_attention(q, lc, meta, D ** -0.5, merge="fused", **kw)
+    assert torch.equal(fused, again)
+    separate = decode_paged_attention(q, lc, meta, D ** -0.5, merge="separate", **kw)
+    ulp = torch.finfo(q.dtype).eps
+    assert ((fused.float() - separate.float()).abs() - ulp * separate.float().abs()).max().item() <= 1e-6
+    ref = reference.paged_attention(q, lc, meta, D ** -0.5).float()
+    err = ((fused.float() - ref).abs() - tol * ref.abs()).max().item()
+    assert err <= tol, (splits, variant, err)
+
+
+@pytest.mark.parametrize("k_name,v_name,D,means,dtype", [
+    ("float16", "float16", 64, False, torch.float16),
+    ("int8", "int8", 64, True, torch.float16),           # + V mean in the fused merge
+    ("int4", "int4", 128, True, torch.bfloat16),         # out @ R + mean in the fused merge, bf16 output
+    ("int4", "int4", 96, False, torch.float16),          # head dim 96: padded rows, rotated
+    ("fp8_e4m3", "int8", 64, False, torch.float16),
+])
+@pytest.mark.parametrize("splits,lane_budget", [(2, None), (5, None), (5, 1)])
+def test_decode_fused_merge(k_name, v_name, D, means, dtype, splits, lane_budget, monkeypatch):
+    """Fused split merge in the interpreter (the programs run one after another: the last split
+    merges): GQA group 3 (padded to 4 merge rows), a 1-token sequence (its other splits are empty);
+    lane_budget 1 reads one split per chunk (the online rescale across chunks)."""
+    from kvpack.kernels import decode_plan as dp
+
+    if lane_budget:
+        monkeypatch.setattr(dp, "MERGE_ELEMS_PER_LANE", lane_budget)
+        assert dp.merge_chunk(3, D, splits, 1)[1] == 1
+    q, lc, meta = merge_case(k_name, v_name, D, [1, 300, 70], 6, 2, dtype, means)
+    check_fused_merge(q, lc, meta, splits, "dot", 1e-2 if dtype == torch.bfloat16 else ATOL)
+
+
+def test_decode_merge_choice(monkeypatch):
+    """`choose_merge`: "auto" fuses up to FUSED_MERGE_MAX_SPLITS splits, never one; the environment
+    variable and a bad name (a clear error); `merge_chunk` keeps a power of two within the lane budget."""
+    from kvpack.config import ConfigError
+    from kvpack.kernels import decode_plan as dp
+
+    assert not dp.choose_merge(1, "fused")
+    assert dp.choose_merge(dp.FUSED_MERGE_MAX_SPLITS) and not dp.choose_merge(dp.FUSED_MERGE_MAX_SPLITS + 1)
+    assert dp.choose_merge(100, "fused") and not dp.choose_merge(2, "separate")
+    monkeypatch.setenv("KVPACK_DECODE_MERGE", "separate")
+    assert not dp.choose_merge(2)
+    monkeypatch.setenv("KVPACK_DECODE_MERGE", "fuse")
+    with pytest.raises(ConfigError, match="decode merge 'fuse'.*auto, fused, separate"):
+        dp.choose_merge(2)
+    assert dp.merge_chunk(4, 128, 16, 1) == (4, 2)  # 32 fp32 a lane: 4 heads x 2 splits x 128 / 32
+    assert dp.merge_chunk(3, 128, 2, 1) == (4, 2)  # no more than the splits
+    assert dp.merge_chunk(16, 256, 8, 1) == (16, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,variant,prefetch", [
+    ("bfloat16", "bfloat16", "dot", None), ("int8", "int8", "imma", None), ("int4", "int4", "dot", None),
+    ("int8", "int8", "frag", 0), ("int8", "int8", "frag", 1), ("fp8_e4m3", "fp8_e4m3", "frag", 1),
+    ("fp8_e5m2", "int8", "dot", None)])
+@pytest.mark.parametrize("splits", [2, 7, 16, 40])
+def test_decode_fused_merge_gpu(k_name, v_name, variant, prefetch, splits):
+    """The fused merge on the GPU, where programs race to the counter: Llama-3.1-8B heads, odd lengths,
+    a V mean; each variant (frag with and without the ring) against the separate merge and the
+    reference, twice in a row (the counters reset), and replayed from a CUDA graph."""
+    from kvpack.kernels.decode_attention import decode_paged_attention
+
+    bf16 = k_name == "bfloat16"
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    q, lc, meta = merge_case(k_name, v_name, 128, [1, 17, 1000, 4099, 257, 8192], 32, 8, dtype,
+                             not bf16, device="cuda")
+    tol = 1e-2 if bf16 else ATOL
+    check_fused_merge(q, lc, meta, splits, variant, tol, prefetch)
+    run = lambda: decode_paged_attention(q, lc, meta, 128 ** -0.5, num_splits=splits, variant=variant,
+                                         prefetch=prefetch, merge="fused")
+    eager = run()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        out = run()
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
 @pytest.mark.parametrize("D,group_size", [(128, 128), (64, 64)])
 def test_decode_int4_one_group_per_head(D, group_size):
     """--int4-group-size 128: one group spans both nibble halves (the gather path), split or not."""

@@ -40,8 +40,8 @@ from kvpack.attention.kv_cache import LayerKVCache
 from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_num_splits, choose_ring_splits, choose_variant,
-    fallback_variant,
+    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge, choose_num_splits, choose_ring_splits,
+    choose_variant, fallback_variant, merge_chunk, merge_counters,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -269,6 +269,7 @@ def _decode_kernel(
     IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
     ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
+    cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -382,6 +383,9 @@ def _decode_kernel(
             tl.store(p_ptr + HALF, acc_b, mask=cm)
         tl.store(pml_ptr + ph * 2, m_i, mask=gm)
         tl.store(pml_ptr + ph * 2 + 1, l_i, mask=gm)
+        if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
+            _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
+                        GROUP, MERGE_G, MERGE_CH, D, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN, INTERPRET)
 
 
 @triton.jit
@@ -401,6 +405,52 @@ def _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, rmask, vmean_ptr, hkv, D
         tl.store(o_ptr, f32_to_bf16_rne(o), mask=cm)
     else:
         tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
+                GROUP: tl.constexpr, MG: tl.constexpr, CH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                ROT_HB: tl.constexpr, ROT_NORM: tl.constexpr, ROT_OUT: tl.constexpr, OUT_MEAN: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """The split merge in the decode kernel's epilogue, after this program stored its partials: a
+    counter per (sequence, kv head) (`decode_plan.merge_counters`, zero between launches) counts the
+    finished splits; the program that finishes last merges the GROUP heads' partials, CH splits at a
+    time (an online rescale across chunks), writes the output (`_store_out`: out @ R, + V mean) and
+    puts the counter back to 0 (no memset between launches, none in a CUDA graph). The atomic add
+    is acq_rel at GPU scope behind a barrier: it releases all of this program's partial stores and
+    acquires the other programs'; the partials are read through L2 (.cg)."""
+    n_splits = tl.num_programs(2)
+    cnt = cnt_ptr + b * tl.num_programs(1) + h
+    tl.debug_barrier()  # every lane's partial stores before the (one lane's) releasing atomic
+    if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == n_splits - 1:
+        tl.store(cnt, 0)
+        g = tl.arange(0, MG)
+        gm = g < GROUP
+        sp = tl.arange(0, CH)
+        d = tl.arange(0, D_PAD)
+        base = (b * (GROUP * tl.num_programs(1)) + h * GROUP + g).to(tl.int64) * n_splits
+        m_run = tl.full([MG], -float("inf"), tl.float32)
+        l_run = tl.zeros([MG], tl.float32)
+        o = tl.zeros([MG, D_PAD], tl.float32)
+        s0 = n_splits * 0
+        while s0 < n_splits:  # (a while loop: the interpreter's range cannot take tensor bounds)
+            sm = gm[:, None] & ((s0 + sp) < n_splits)[None, :]
+            ph = base[:, None] + s0 + sp[None, :]
+            m = tl.load(pml_ptr + ph * 2, mask=sm, other=-float("inf"), cache_modifier=".cg")
+            l = tl.load(pml_ptr + ph * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
+            a = tl.load(po_ptr + ph[:, :, None] * D + d[None, None, :],
+                        mask=sm[:, :, None] & (d < D)[None, None, :], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m_run, tl.max(m, axis=1))
+            m_ref = tl.where(m_new > -float("inf"), m_new, 0.0)  # rows without tokens so far: weights 0
+            alpha = tl.exp2(m_run - m_ref)
+            w = tl.exp2(m - m_ref[:, None])
+            l_run = l_run * alpha + tl.sum(w * l, axis=1)
+            o = o * alpha[:, None] + tl.sum(a * w[:, :, None], axis=1)
+            m_run = m_new
+            s0 += CH
+        o = o / tl.where(l_run > 0, l_run, 1.0)[:, None]
+        _store_out(o, out_ptr, q_row, so_t, so_h, h * GROUP + g, d, gm & has_q, vmean_ptr, h,
+                   D, MG, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
 
 
 @triton.jit
@@ -473,7 +523,8 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
-                maxnreg: int | None = None, index64: bool | None = None, prefetch: int | None = None) -> DecodePlan:
+                maxnreg: int | None = None, index64: bool | None = None, prefetch: int | None = None,
+                merge: str | None = None) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
@@ -533,8 +584,12 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     v_mean = None if post is None or post[1] is None else \
         post[1].to(device=dev, dtype=torch.float32).contiguous()
+    # the split merge fused into the kernel's epilogue (`choose_merge`), or `_merge_kernel` after it
+    fused = choose_merge(num_splits, merge)
+    cnt = merge_counters(dev, B * Hkv) if fused else None
+    fused = cnt is not None
     in_merge = post is not None and num_splits > 1
-    in_kernel = post is not None and num_splits == 1 and in_kernel_ok(vp.fmt.kind)
+    in_kernel = post is not None and (num_splits == 1 and in_kernel_ok(vp.fmt.kind) or fused)
     rot_args = [False, False]  # (out @ R, + V mean) in the kernel's epilogue or the merge
     if in_merge or in_kernel:
         assert v_mean is None or v_mean.shape == (Hkv, D), (v_mean.shape, Hkv, D)
@@ -568,10 +623,13 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              _needs_idx64(kp, vp) if index64 is None else index64,
              0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
              variant == "imma"]
+    mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
     if kernel is _decode_kernel:
-        args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False))]
+        args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
+    else:
+        args += [v_mean, hb, hadamard_norm(hb), *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
     merge_grid = merge_args = None
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, triton.next_power_of_2(num_splits)), D, d_pad]
@@ -594,6 +652,7 @@ def decode_paged_attention(
     maxnreg: int | None = None,
     index64: bool | None = None,
     prefetch: int | None = None,
+    merge: str | None = None,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -608,9 +667,11 @@ def decode_paged_attention(
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
     whose offsets can reach 2**31, `_needs_idx64`). prefetch: L2 prefetch distance in tiles of
     the "dot" kernel (0: none; default: `default_tile`; the CPU interpreter has no inline PTX: 0).
+    merge: "auto" | "fused" | "separate": where the split merge runs (`choose_merge`; default:
+    KVPACK_DECODE_MERGE, else "auto").
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant, maxnreg, index64, prefetch)
+                       variant, maxnreg, index64, prefetch, merge)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)

@@ -271,6 +271,81 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
 
 
 @gluon.jit
+def _gl_butterfly(x, ROWS: gl.constexpr, H: gl.constexpr):
+    """`rotate._butterfly` (without its fma option) in Gluon for x [ROWS, 128] float32: the same bit
+    trick for the partner (a sum of int32 bits over the pair's axis), the same IEEE additions; the
+    compiler infers each reshape's layout."""
+    y = gl.reshape(x, [ROWS, 128 // (2 * H), 2, H])
+    L: gl.constexpr = y.type.layout
+    bits = y.to(gl.int32, bitcast=True)
+    partner = (gl.sum(bits, 2, keep_dims=True) - bits).to(gl.float32, bitcast=True)
+    i = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+    sgn = gl.expand_dims(gl.expand_dims(gl.expand_dims(1 - 2 * i, 0), 1), 3).to(gl.float32)
+    return gl.reshape(partner + y * sgn, [ROWS, 128])
+
+
+@gluon.jit
+def _gl_hadamard(x, ROWS: gl.constexpr, HB: gl.constexpr, NORM: gl.constexpr):
+    """`rotate._hadamard` in Gluon: x @ R for x [ROWS, 128] float32 (stages H = 1 ... HB / 2, * NORM)."""
+    for s in gl.static_range(HB.bit_length() - 1):
+        x = _gl_butterfly(x, ROWS, 1 << s)
+    return x * NORM
+
+
+@gluon.jit
+def _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
+                     GROUP: gl.constexpr, MG: gl.constexpr, CH: gl.constexpr, ROT_HB: gl.constexpr,
+                     ROT_NORM: gl.constexpr, ROT_OUT: gl.constexpr, OUT_MEAN: gl.constexpr):
+    """`decode_attention._merge_last` in Gluon (same counter, order and arithmetic, out @ R and + V
+    mean as `_store_out`): partials [MG heads, CH splits, 128] in a blocked layout, 4 channels a lane."""
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 1, 32],
+                                        warps_per_cta=[1, 1, 1], order=[2, 1, 0])
+    ML: gl.constexpr = gl.SliceLayout(2, L3)  # [MG, CH]
+    OL: gl.constexpr = gl.SliceLayout(1, L3)  # [MG, 128]
+    n_splits = gl.num_programs(2)
+    cnt = cnt_ptr + b * gl.num_programs(1) + h
+    gl.thread_barrier()  # every lane's partial stores before the (one lane's) releasing atomic
+    if gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == n_splits - 1:
+        gl.store(cnt, 0)
+        g = gl.arange(0, MG, layout=gl.SliceLayout(1, ML))
+        sp = gl.arange(0, CH, layout=gl.SliceLayout(0, ML))
+        d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, OL)), 0), 1)  # [1, 1, 128]
+        base = (b * (GROUP * gl.num_programs(1)) + h * GROUP + g).to(gl.int64) * n_splits
+        m_run = gl.full([MG], -float("inf"), gl.float32, layout=gl.SliceLayout(1, ML))
+        l_run = gl.full([MG], 0.0, gl.float32, layout=gl.SliceLayout(1, ML))
+        o = gl.full([MG, 128], 0.0, gl.float32, layout=OL)
+        for s0 in range(0, n_splits, CH):
+            sm = (g < GROUP)[:, None] & ((s0 + sp) < n_splits)[None, :]
+            ph = base[:, None] + s0 + sp[None, :]
+            m = gl.load(pml_ptr + ph * 2, mask=sm, other=-float("inf"), cache_modifier=".cg")
+            l = gl.load(pml_ptr + ph * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
+            a = gl.load(po_ptr + gl.expand_dims(ph, 2) * 128 + d3, mask=gl.expand_dims(sm, 2) & (d3 < 128),
+                        other=0.0, cache_modifier=".cg")
+            m_new = gl.maximum(m_run, gl.max(m, axis=1))
+            m_ref = gl.where(m_new > -float("inf"), m_new, 0.0)  # rows without tokens so far: weights 0
+            alpha = gl.exp2(m_run - m_ref)
+            w = gl.exp2(m - m_ref[:, None])
+            l_run = l_run * alpha + gl.sum(w * l, axis=1)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, OL))
+            o = o * alpha_o[:, None] + gl.sum(a * gl.expand_dims(w, 2), axis=1)
+            m_run = m_new
+        l_o = gl.convert_layout(gl.where(l_run > 0, l_run, 1.0), gl.SliceLayout(1, OL))
+        o = o / l_o[:, None]
+        if ROT_OUT:
+            o = gl.convert_layout(_gl_hadamard(o, MG, ROT_HB, ROT_NORM), OL)
+        go = gl.arange(0, MG, layout=gl.SliceLayout(1, OL))
+        d = gl.arange(0, 128, layout=gl.SliceLayout(0, OL))
+        if OUT_MEAN:
+            o = o + gl.load(vmean_ptr + h * 128 + d)[None, :]
+        om = ((go < GROUP) & has_q)[:, None] & (d < 128)[None, :]
+        o_ptr = out_ptr + q_row.to(gl.int64) * so_t + (h * GROUP + go)[:, None] * so_h + d[None, :]
+        if out_ptr.dtype.element_ty == gl.bfloat16:  # as `_store_out`: round to nearest even
+            gl.store(o_ptr, o.to(gl.bfloat16, fp_downcast_rounding="rtne"), mask=om)
+        else:
+            gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=om)
+
+
+@gluon.jit
 def _frag_decode_kernel(
     q_ptr, sq_t, sq_h, qsl_ptr, seq_lens_ptr, bt_ptr, s_bt,
     kc_ptr, ks_ptr, kz_ptr, kst_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
@@ -283,10 +358,13 @@ def _frag_decode_kernel(
     V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_G: gl.constexpr, V_ALIGNED: gl.constexpr,
     V_FACTOR: gl.constexpr, V_DT: gl.constexpr, INTERPRET: gl.constexpr, FAST: gl.constexpr,
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
-    QK8: gl.constexpr = False,
+    QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
+    ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
+    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
-    PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads); D == 128, BLOCK_N == 64."""
+    PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean only in
+    the fused merge, else by `rotate_heads` or `_merge_kernel`); D == 128, BLOCK_N == 64."""
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)
@@ -384,3 +462,6 @@ def _frag_decode_kernel(
         gl.store(po_ptr + ph[:, None] * 128 + c_out[None, :], acc, mask=cm)
         gl.store(pml_ptr + ph * 2, m_i, mask=rg < GROUP)
         gl.store(pml_ptr + ph * 2 + 1, l_i, mask=rg < GROUP)
+        if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
+            _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
+                             GROUP, MERGE_G, MERGE_CH, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)

@@ -95,6 +95,50 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
     return max(1, min(slots // work, triton.cdiv(max_seq_len, 4 * 64), 128))
 
 
+MERGES = ("auto", "fused", "separate")
+FUSED_MERGE_MAX_SPLITS = 16  # "auto" fuses the split merge up to this many splits (H200, results/attention_s10)
+MERGE_ELEMS_PER_LANE = 32  # the fused merge's chunk of partials: fp32 registers a lane holds at once
+_MERGE_CNT: dict[tuple, torch.Tensor] = {}
+_MERGE_RETIRED: list[torch.Tensor] = []
+
+
+def choose_merge(num_splits: int, merge: str | None = None) -> bool:
+    """Whether the split merge runs fused into the decode kernel (its last program per (sequence,
+    kv head) merges: no second launch) rather than as `_merge_kernel`: `merge`, else the environment
+    variable KVPACK_DECODE_MERGE, else "auto" (fused up to FUSED_MERGE_MAX_SPLITS splits: a single
+    program then reads them all; more, spread over the separate kernel's (sequence, head) programs)."""
+    name = merge or os.environ.get("KVPACK_DECODE_MERGE", "") or "auto"
+    if name not in MERGES:
+        raise ConfigError(f"decode merge {name!r} (argument or KVPACK_DECODE_MERGE) is not one of " + ", ".join(MERGES))
+    if num_splits <= 1:
+        return False
+    return name == "fused" or (name == "auto" and num_splits <= FUSED_MERGE_MAX_SPLITS)
+
+
+def merge_chunk(group: int, head_dim_pad: int, num_splits: int, num_warps: int) -> tuple[int, int]:
+    """(MERGE_G, MERGE_CH) of the fused merge: the group padded to a power of two, and the splits it
+    reads at once (about MERGE_ELEMS_PER_LANE fp32 values per lane, no more than there are splits)."""
+    mg = triton.next_power_of_2(max(1, group))
+    ch = max(1, MERGE_ELEMS_PER_LANE * 32 * num_warps // (mg * head_dim_pad))
+    ch = min(1 << (ch.bit_length() - 1), triton.next_power_of_2(num_splits))
+    return mg, ch
+
+
+def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """The fused merge's finished-split counters (int32, one per (sequence, kv head), at least n), kept
+    per device and zero between launches (the merging program puts its counter back). None while a
+    CUDA graph is being captured and the kept buffer is too small (the caller merges separately)."""
+    key = (device.type, device.index)
+    cnt = _MERGE_CNT.get(key)
+    if cnt is None or cnt.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if cnt is not None:  # a captured CUDA graph may still point at it: kept alive, never reused
+            _MERGE_RETIRED.append(cnt)
+        cnt = _MERGE_CNT[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return cnt
+
+
 VARIANTS = ("auto", "dot", "imma", "frag")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
