@@ -462,19 +462,23 @@ def test_decode_fused_merge(k_name, v_name, D, means, dtype, splits, lane_budget
 
 
 def test_decode_merge_choice(monkeypatch):
-    """`choose_merge`: "auto" fuses up to FUSED_MERGE_MAX_SPLITS splits, never one; the environment
-    variable and a bad name (a clear error); `merge_chunk` keeps a power of two within the lane budget."""
+    """`choose_merge`: "auto" fuses 2 .. FUSED_MERGE_MAX_SPLITS splits of "dot" / "imma", never "frag"
+    (measured no gain) nor one split; the environment variable, and a bad name (a clear error);
+    `merge_chunk` keeps a power of two within the lane budget."""
     from kvpack.config import ConfigError
     from kvpack.kernels import decode_plan as dp
 
-    assert not dp.choose_merge(1, "fused")
-    assert dp.choose_merge(dp.FUSED_MERGE_MAX_SPLITS) and not dp.choose_merge(dp.FUSED_MERGE_MAX_SPLITS + 1)
-    assert dp.choose_merge(100, "fused") and not dp.choose_merge(2, "separate")
+    assert not dp.choose_merge(1, "dot", "fused")
+    for variant in ("dot", "imma"):
+        assert dp.choose_merge(2, variant) and dp.choose_merge(dp.FUSED_MERGE_MAX_SPLITS, variant)
+        assert not dp.choose_merge(dp.FUSED_MERGE_MAX_SPLITS + 1, variant)
+    assert not dp.choose_merge(2, "frag") and dp.choose_merge(2, "frag", "fused")
+    assert dp.choose_merge(100, "dot", "fused") and not dp.choose_merge(2, "dot", "separate")
     monkeypatch.setenv("KVPACK_DECODE_MERGE", "separate")
-    assert not dp.choose_merge(2)
+    assert not dp.choose_merge(2, "dot")
     monkeypatch.setenv("KVPACK_DECODE_MERGE", "fuse")
     with pytest.raises(ConfigError, match="decode merge 'fuse'.*auto, fused, separate"):
-        dp.choose_merge(2)
+        dp.choose_merge(2, "dot")
     assert dp.merge_chunk(4, 128, 16, 1) == (4, 2)  # 32 fp32 a lane: 4 heads x 2 splits x 128 / 32
     assert dp.merge_chunk(3, 128, 2, 1) == (4, 2)  # no more than the splits
     assert dp.merge_chunk(16, 256, 8, 1) == (16, 1)

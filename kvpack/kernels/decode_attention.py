@@ -585,7 +585,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     v_mean = None if post is None or post[1] is None else \
         post[1].to(device=dev, dtype=torch.float32).contiguous()
     # the split merge fused into the kernel's epilogue (`choose_merge`), or `_merge_kernel` after it
-    fused = choose_merge(num_splits, merge)
+    fused = choose_merge(num_splits, variant, merge)
     cnt = merge_counters(dev, B * Hkv) if fused else None
     fused = cnt is not None
     in_merge = post is not None and num_splits > 1

@@ -96,23 +96,26 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
 
 
 MERGES = ("auto", "fused", "separate")
-FUSED_MERGE_MAX_SPLITS = 16  # "auto" fuses the split merge up to this many splits (H200, results/attention_s10)
+FUSED_MERGE_MAX_SPLITS = 4  # "auto" fuses the split merge up to this many splits (H200, results/attention_s10)
 MERGE_ELEMS_PER_LANE = 32  # the fused merge's chunk of partials: fp32 registers a lane holds at once
 _MERGE_CNT: dict[tuple, torch.Tensor] = {}
 _MERGE_RETIRED: list[torch.Tensor] = []
 
 
-def choose_merge(num_splits: int, merge: str | None = None) -> bool:
-    """Whether the split merge runs fused into the decode kernel (its last program per (sequence,
-    kv head) merges: no second launch) rather than as `_merge_kernel`: `merge`, else the environment
-    variable KVPACK_DECODE_MERGE, else "auto" (fused up to FUSED_MERGE_MAX_SPLITS splits: a single
-    program then reads them all; more, spread over the separate kernel's (sequence, head) programs)."""
+def choose_merge(num_splits: int, variant: str, merge: str | None = None) -> bool:
+    """Whether the split merge runs fused into the decode kernel (the last program of each (sequence,
+    kv head) to finish merges: no second launch) rather than as `_merge_kernel`: `merge`, else the
+    environment variable KVPACK_DECODE_MERGE, else "auto". "auto", measured on an H200
+    (results/attention_s10, side by side): fused for "dot" / "imma" with 2-4 splits (int4 32 x 4096
+    96.3 -> 92.0 us, 64 x 2048 95.4 -> 91.6; bf16 1-2 % faster), separate for "frag" (int8 85.3 -> 87.6
+    at 2 splits, FP8 0-2 % faster: no gain) and from 8 splits on (8 x 8192: equal or 4 % slower; at
+    128 splits one program reading them all took 1 x 32768 from 36 to 59-66 us)."""
     name = merge or os.environ.get("KVPACK_DECODE_MERGE", "") or "auto"
     if name not in MERGES:
         raise ConfigError(f"decode merge {name!r} (argument or KVPACK_DECODE_MERGE) is not one of " + ", ".join(MERGES))
     if num_splits <= 1:
         return False
-    return name == "fused" or (name == "auto" and num_splits <= FUSED_MERGE_MAX_SPLITS)
+    return name == "fused" or (name == "auto" and variant != "frag" and num_splits <= FUSED_MERGE_MAX_SPLITS)
 
 
 def merge_chunk(group: int, head_dim_pad: int, num_splits: int, num_warps: int) -> tuple[int, int]:
