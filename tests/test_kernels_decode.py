@@ -426,6 +426,7 @@ def check_fused_merge(q, lc, meta, splits, variant, tol, prefetch=None):
     kw = dict(num_splits=splits, variant=variant, prefetch=prefetch)
     fused_plan = plan_decode(q, lc, meta, D ** -0.5, merge="fused", **kw)
     assert fused_plan.merge_grid is None and fused_plan.args[-1] > 0, "the merge is not fused"
+    kw["block_n"] = fused_plan.args[fused_plan.kernel.arg_names.index("BLOCK_N")]  # the same tiles (int4's differ)
     assert plan_decode(q, lc, meta, D ** -0.5, merge="separate", **kw).merge_grid is not None
     fused = decode_paged_attention(q, lc, meta, D ** -0.5, merge="fused", **kw)
     cnt = dp.merge_counters(q.device, 0)
@@ -704,3 +705,23 @@ def test_decode_empty_batch(variant):
     q, lc, _ = build_case("int8", "int4", [5], 4, 2, 64, 16)
     out = decode_paged_attention(q[:0], lc, AttentionMetadata.build([], [], [], 16), 0.1, variant=variant)
     assert out.shape == (0, 4, 64) and out.dtype == q.dtype
+
+
+def test_int4_tile_plan():
+    """int4 K and V at head_dim 128 plan 32-token tiles (the 64-token tile spilled), except where the
+    merge is fused (2-4 splits: 64 measured faster there); other formats and head dims keep theirs; a
+    block_n given by the caller is kept."""
+    from kvpack.kernels.decode_attention import plan_decode
+
+    def tile(name, D, lens, splits, **kw):
+        q, lc, meta = build_case(name, name, lens, 8, 2, D, 16)
+        plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, **kw)
+        return plan.args[plan.kernel.arg_names.index("BLOCK_N")], plan.merge_grid is None and plan.grid[2] > 1
+
+    assert tile("int4", 128, [700, 9], 1) == (32, False)
+    assert tile("int4", 128, [700, 9], 3) == (64, True)
+    assert tile("int4", 128, [700, 9], 3, merge="separate") == (32, False)
+    assert tile("int4", 128, [700, 9], 8) == (32, False)
+    assert tile("int4", 128, [700, 9], 3, block_n=32) == (32, True)
+    assert tile("int4", 64, [700, 9], 3) == (32, True)
+    assert tile("int8", 128, [700, 9], 1) == (64, False)

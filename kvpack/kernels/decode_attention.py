@@ -54,6 +54,8 @@ except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to 
     _frag_decode_kernel = None
 
 _LOG2E = 1.4426950408889634
+INT4_TILE = (32, 1, 1)  # `default_tile` for int4 K and V at head dims 65-128
+INT4_FUSED_TILE = 64  # ... whose block_n becomes this where the merge is fused
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
 
@@ -509,7 +511,11 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     without shared-memory pipelining (codes load straight into registers; 0.60-0.90x the time of
     the four-warp configuration; head_dim 64: 32-token tiles), 16-bit sides 32-token tiles with two
     stages (0.95-0.98x).
-    Head dim 256 and float32 caches (register-heavy tiles) keep four warps and 64-token tiles."""
+    Head dim 256 and float32 caches (register-heavy tiles) keep four warps and 64-token tiles.
+    int4 K and V at head dims 65-128 (session 10, results/attention_s10): the 64-token one-warp tile
+    spilled (61 local stores, 58 loads in its sm_90 SASS; 32 tokens: none) and 32-token tiles ran 3-6 %
+    faster (1 x 32768 36.0 -> 33.7 us, 8 x 8192 55.3 -> 53.6, 128 x 1024 97.4 -> 94.4), except with the
+    fused merge (2-4 splits: 32 x 4096 91.8 -> 95.3, 64 x 2048 91.9 -> 94.9), where `plan_decode` keeps 64."""
     if head_dim > 128 or torch.float32 in (kp.codes.dtype, vp.codes.dtype):
         return 64 if head_dim > 128 else 128, 4, 2
     if "float" == kp.fmt.kind == vp.fmt.kind:
@@ -517,6 +523,8 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     if head_dim <= 64:  # fp8's longer decode (bit moves) keeps two stages there: 38.7 against 48.4 us
         fp8 = kp.fmt.kind.startswith("fp8") or vp.fmt.kind.startswith("fp8")
         return 32, 1, 2 if fp8 else 1
+    if kp.fmt.kind == vp.fmt.kind == "int4":  # session 10: int4's 64-token tile spills (sm_90: 61 STL)
+        return 32, 1, 1  # (`plan_decode` keeps 64 where the merge is fused: INT4_FUSED_TILE)
     return 64, 1, 1
 
 
@@ -564,11 +572,14 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
+        block_n_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128
         block_n = max(block_n or bn, block_size)
         num_warps = num_warps or warps
         num_stages = num_stages or stages
         if num_splits is None:
             num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
+        if block_n_default and (bn, warps, stages) == INT4_TILE and choose_merge(num_splits, variant, merge):
+            block_n = INT4_FUSED_TILE  # int4 with the fused merge: 64-token tiles measured faster
     max_len = max(metadata.max_seq_len, 1)
     tokens_per_split = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
     num_splits = max(1, triton.cdiv(max_len, tokens_per_split))
