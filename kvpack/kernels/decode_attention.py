@@ -5,7 +5,9 @@ Hq / Hkv query heads that share it (q tile [GROUP_PAD >= 16, D] for tl.dot) and 
 registers without conversion instructions (`quant.int8_to_f16` etc.: byte permutes into fp16 bit
 patterns): per-token K scales multiply the scores, per-token V scales multiply the probabilities
 (normalised by the tile's largest scale), int4 tiles become code * s + m in fp16.
-With several splits, a second kernel merges the partial (max, sum, acc) triples. Rotated formats
+With several splits, the partial (max, sum, acc) triples are merged either by the last program of
+each (sequence, kv head) to finish (`_merge_last`, the "fused" merge: an atomic counter per pair,
+`decode_plan.choose_merge`) or by a second kernel (`_merge_kernel`). Rotated formats
 and a centered V: q @ R is formed in the kernel as it loads q, and out @ R + V mean in the kernel's
 epilogue or, with splits, in the merge (`kernels.rotate._hadamard`, the storage butterflies). The
 Gluon "frag" kernel and int4 at head dims 80 / 96 (halves that straddle Hadamard blocks) leave them to
@@ -17,7 +19,7 @@ else "auto": "frag" for 8-bit K and V (int8 or FP8) with long splits, else "imma
 an int8 MMA: q split into two int8 parts, `split_q_int8`) and "frag" (`decode_frag`, Gluon: 8-bit codes
 loaded straight into the MMA fragment layout; where its grid holds <= 4 programs per SM, whole
 tiles copied a tile ahead through a cp.async ring in shared memory, `decode_plan.choose_ring_splits`).
-All write the same partials for `_merge_kernel`.
+All write the same partials for `_merge_kernel` (or merge them in their epilogue).
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
 public launcher `decode_paged_attention` are here. (Sessions 3-5 also had "fma", CUDA-core dot
 products, and "dott", scores as K @ q^T; neither won a tune round since session 4: removed in
