@@ -56,8 +56,7 @@ except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to 
     _frag_decode_kernel = None
 
 _LOG2E = 1.4426950408889634
-INT4_TILE = (32, 1, 1)  # `default_tile` for int4 K and V at head dims 65-128
-INT4_FUSED_TILE = 64  # ... whose block_n becomes this where the merge is fused
+INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
 
@@ -389,7 +388,7 @@ def _decode_kernel(
         tl.store(pml_ptr + ph * 2 + 1, l_i, mask=gm)
         if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
             _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
-                        GROUP, MERGE_G, MERGE_CH, D, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN, INTERPRET)
+                        GROUP, MERGE_G, MERGE_CH, D, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
 
 
 @triton.jit
@@ -414,8 +413,7 @@ def _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, rmask, vmean_ptr, hkv, D
 @triton.jit
 def _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                 GROUP: tl.constexpr, MG: tl.constexpr, CH: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                ROT_HB: tl.constexpr, ROT_NORM: tl.constexpr, ROT_OUT: tl.constexpr, OUT_MEAN: tl.constexpr,
-                INTERPRET: tl.constexpr):
+                ROT_HB: tl.constexpr, ROT_NORM: tl.constexpr, ROT_OUT: tl.constexpr, OUT_MEAN: tl.constexpr):
     """The split merge in the decode kernel's epilogue, after this program stored its partials: a
     counter per (sequence, kv head) (`decode_plan.merge_counters`, zero between launches) counts the
     finished splits; the program that finishes last merges the GROUP heads' partials, CH splits at a
@@ -526,7 +524,7 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
         fp8 = kp.fmt.kind.startswith("fp8") or vp.fmt.kind.startswith("fp8")
         return 32, 1, 2 if fp8 else 1
     if kp.fmt.kind == vp.fmt.kind == "int4":  # session 10: int4's 64-token tile spills (sm_90: 61 STL)
-        return 32, 1, 1  # (`plan_decode` keeps 64 where the merge is fused: INT4_FUSED_TILE)
+        return 32, 1, 1  # (`plan_decode` takes INT4_FUSED_TILE where the merge is fused)
     return 64, 1, 1
 
 
@@ -574,14 +572,14 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
-        block_n_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128
+        int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128
         block_n = max(block_n or bn, block_size)
         num_warps = num_warps or warps
         num_stages = num_stages or stages
         if num_splits is None:
             num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
-        if block_n_default and (bn, warps, stages) == INT4_TILE and choose_merge(num_splits, variant, merge):
-            block_n = INT4_FUSED_TILE  # int4 with the fused merge: 64-token tiles measured faster
+        if int4_default and choose_merge(num_splits, variant, merge):
+            block_n = max(INT4_FUSED_TILE, block_size)  # int4 with the fused merge: 64-token tiles measured faster
     max_len = max(metadata.max_seq_len, 1)
     tokens_per_split = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
     num_splits = max(1, triton.cdiv(max_len, tokens_per_split))
@@ -637,10 +635,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
              variant == "imma"]
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
-    if kernel is _decode_kernel:
-        args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
-    else:
-        args += [v_mean, hb, hadamard_norm(hb), *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
+    args += [v_mean, hb, hadamard_norm(hb), *([rot_q] if kernel is _decode_kernel else []),  # frag: no q rotation
+             *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
     merge_grid = merge_args = None
     if num_splits > 1 and not fused:
         merge_grid = (B, Hq)
