@@ -31,8 +31,8 @@ from kvpack.tools.bench_common import (  # noqa: E402
 def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
     cuda = torch.cuda.is_available() and (args.device or "cuda") != "cpu"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    engine = build_engine(args, item, max_model_len=args.context + args.steps + 8, enforce_eager=True,
-                          max_num_seqs=max(args.batch_size, 1))
+    engine = build_engine(args, item, max_model_len=args.context + args.steps + 8,
+                          enforce_eager=not args.cuda_graphs, max_num_seqs=max(args.batch_size, 1))
     try:
         prompts = [ids for ids, _ in random_prompts(args.batch_size, LenRange(args.context, args.context),
                                                     LenRange(1, 1), engine.model_config.vocab_size, args.seed)]
@@ -48,8 +48,13 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
         acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
         with torch.profiler.profile(activities=acts) as prof:
             for _ in range(args.steps):
-                engine.step()
+                with torch.profiler.record_function("kvpack_step"):
+                    engine.step()
             sync()
+        if args.cuda_graphs and cuda:
+            if args.trace:
+                prof.export_chrome_trace(f"{args.trace}_{item}.json")
+            return timeline(prof, args.steps)
         while engine.has_unfinished_requests():
             engine.step()
         rows = []
@@ -67,6 +72,40 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
         release(engine)
 
 
+def timeline(prof, steps: int) -> list[dict]:
+    """Under CUDA graphs: per step, wall time, GPU busy time (union of kernel intervals), GPU idle
+    before the first kernel and between kernels; and per kernel name the idle time before it."""
+    evs = prof.events()
+    marks = sorted((e.time_range.start, e.time_range.end) for e in evs if e.name == "kvpack_step")
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in evs
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    rows, gaps_by_name = [], {}
+    for i, (s0, s1) in enumerate(marks):
+        nxt = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+        ks = [k for k in kernels if s0 <= k[0] < nxt]
+        busy, idle_in, end = 0.0, 0.0, None
+        for a, b, name in ks:
+            if end is not None and a > end:
+                idle_in += a - end
+                gaps_by_name[name[:60]] = gaps_by_name.get(name[:60], 0.0) + (a - end) / steps
+            busy += max(0.0, b - max(a, end or a))
+            end = b if end is None else max(end, b)
+        rows.append({"name": f"step {i}", "wall_us": s1 - s0, "busy_us": busy, "kernels": len(ks),
+                     "idle_between_kernels_us": idle_in,
+                     "host_before_first_kernel_us": (ks[0][0] - s0) if ks else None,
+                     "gpu_end_after_step_end_us": (end - s1) if ks else None})
+    top = sorted(gaps_by_name.items(), key=lambda kv: -kv[1])[:25]
+    rows += [{"name": f"idle before {n}", "us_per_step": g} for n, g in top]
+    per_name: dict[str, list[float]] = {}
+    for a, b, name in kernels:
+        t = per_name.setdefault(name[:90], [0.0, 0])
+        t[0] += (b - a) / steps
+        t[1] += 1 / steps
+    rows += [{"name": f"kernel {n}", "us_per_step": t, "calls_per_step": c}
+             for n, (t, c) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:25]]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_args(ap)
@@ -75,11 +114,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="decode steps profiled")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--out", default=None, help="JSON of every kernel row per format")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="profile decode steps as the engine runs them (CUDA graphs) and print where each "
+                         "step's wall time goes: GPU busy, idle between kernels, host before the first kernel")
+    ap.add_argument("--trace", default=None, help="with --cuda-graphs: chrome trace path prefix")
     args = ap.parse_args(argv)
     out = {}
     for item in parse_format_list(args.kv_cache_dtype):
         rows = profile_format(args, item)
         out[item] = rows
+        if args.cuda_graphs and rows and "wall_us" in rows[0]:
+            print(f"\n== {item}: decode steps under CUDA graphs (context {args.context:,}, batch {args.batch_size})")
+            for r in rows:
+                if "wall_us" in r:
+                    print(f"  {r['name']}: wall {r['wall_us']:8.1f} us, GPU busy {r['busy_us']:8.1f}, idle between "
+                          f"kernels {r['idle_between_kernels_us']:7.1f}, host before first kernel "
+                          f"{r['host_before_first_kernel_us']}, {r['kernels']} kernels")
+                else:
+                    print(f"  {r['us_per_step']:8.1f} us  {r['name']}")
+            continue
         total = sum(r["us_per_step"] for r in rows)
         print(f"\n== {item}: kernel time per decode step {total / 1000:.3f} ms "
               f"(context {args.context:,}, batch {args.batch_size}, eager)")
