@@ -123,3 +123,45 @@ def test_fused_ops_gpu_large(dtype):
     q, k = _x((300, 32, 128), dtype, 5).cuda(), _x((300, 8, 128), dtype, 6).cuda()
     for got, want in zip(rotary_embedding(pos, q, k, rope.table), rotary_embedding_ref(pos, q, k, rope.table)):
         _close(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_rope_dispatch(dtype, monkeypatch):
+    """The model's RoPE (`RotaryEmbedding.bind`) is the fused kernel where fused ops run, the unfused
+    layers otherwise, with the same bits either way (no transcendental functions: exact)."""
+    from kvpack.models import layers
+
+    rope = RotaryEmbedding(32, 256, 10000.0, None)
+    pos = torch.tensor([0, 5, 31, 255])
+    qkv = _x((4, (3 + 2) * 32), dtype, 12)
+    q, k = qkv[:, :64].view(4, 2, 32), qkv[:, 64:96].view(4, 1, 32)
+    cos, sin = rope.cos_sin(pos, dtype)
+    want = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    got = rope.bind(pos)(q, k)  # CPU: the unfused path
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    calls = []
+
+    def kernel(*args):
+        calls.append(1)
+        return rotary_embedding(*args, force_triton=True)  # through the interpreter on CPU
+
+    monkeypatch.setattr(layers, "_use_fused", lambda x: True)
+    monkeypatch.setattr(layers._fused, "rotary_embedding", kernel)
+    got = rope.bind(pos)(q, k)
+    assert calls == [1]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotary_embedding_gpu_exact(dtype):
+    """RoPE rounds each product and the sum as the twin does and has no transcendental function:
+    bit-equal on the GPU, for the strided q/k views the model passes."""
+    rope = RotaryEmbedding(128, 131072, 500000.0, None)
+    rope.reset_cache("cuda")
+    pos = torch.randint(0, 131072, (257,), device="cuda")
+    qkv = _x((257, 48 * 128), dtype, 13, 4.0).cuda()
+    q, k = qkv[:, :4096].view(257, 32, 128), qkv[:, 4096:5120].view(257, 8, 128)
+    cos, sin = rope.cos_sin(pos, dtype)
+    for got, want in zip(rope.bind(pos)(q, k), (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))):
+        assert torch.equal(got, want)

@@ -108,8 +108,10 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE with a cos/sin table computed once for positions [0, max_positions).
 
-    cos_sin(positions [T] int64, dtype) -> (cos, sin), each [T, 1, D] in `dtype`, computed once per
-    forward and shared by every layer; `apply_rotary(x [T, H, D], cos, sin)` rotates q or k.
+    bind(positions [T] int64) -> `BoundRotary`, made once per forward and shared by every layer;
+    calling it on (q [T, Hq, D], k [T, Hkv, D]) returns both rotated: one fused Triton launch on
+    CUDA (`kvpack.kernels.fused_ops.rotary_embedding`, the same rounding), else `apply_rotary` with
+    cos_sin(positions [T] int64, dtype) -> (cos, sin), each [T, 1, D] in `dtype`.
     The table is kept in float32 and cast per call (as transformers casts cos/sin to x's dtype).
     """
 
@@ -134,6 +136,9 @@ class RotaryEmbedding(nn.Module):
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
         self.table = torch.stack([freqs.cos(), freqs.sin()], dim=1)
 
+    def bind(self, positions: torch.Tensor) -> "BoundRotary":
+        return BoundRotary(self, positions)
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         cs = self.table[positions].to(dtype)  # [T, 2, D/2]
         cos = torch.cat([cs[:, 0], cs[:, 0]], dim=-1)[:, None, :]  # [T, 1, D]
@@ -142,6 +147,22 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}, theta={self.theta}"
+
+
+class BoundRotary:
+    """RoPE for the positions of one forward pass: `(q, k) -> (rotated q, rotated k)`."""
+
+    def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor) -> None:
+        self.rotary = rotary
+        self.positions = positions
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # the unfused path's, made once
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if _use_fused(q):
+            return _fused.rotary_embedding(self.positions, q, k, self.rotary.table)
+        if self._cos_sin is None:
+            self._cos_sin = self.rotary.cos_sin(self.positions, q.dtype)
+        return apply_rotary(q, *self._cos_sin), apply_rotary(k, *self._cos_sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from kvpack.attention.kv_cache import KVCache, LayerKVCache
 from kvpack.attention.layer import Attention
 from kvpack.attention.metadata import AttentionMetadata
 from kvpack.config import ModelConfig
-from kvpack.models.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
+from kvpack.models.layers import BoundRotary, RMSNorm, RotaryEmbedding, silu_and_mul
 
 
 class LlamaAttention(nn.Module):
@@ -37,7 +37,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, d, scale=d ** -0.5)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: BoundRotary,
                 layer_cache: LayerKVCache | None, metadata: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = rope(q, k)
         return self.o_proj(self.attn(q, k, v, layer_cache, metadata))
 
 
@@ -70,7 +70,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, dtype)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None,
-                rope: tuple[torch.Tensor, torch.Tensor], layer_cache: LayerKVCache | None,
+                rope: BoundRotary, layer_cache: LayerKVCache | None,
                 metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (mlp output, residual stream before it): the next norm adds them (fused)."""
         if residual is None:
@@ -121,7 +121,7 @@ class LlamaForCausalLM(nn.Module):
         if metadata is None:
             metadata = _one_sequence(input_ids.shape[0], input_ids.device)
         h = self.model.embed_tokens(input_ids)
-        rope = self.rotary.cos_sin(positions, h.dtype)  # shared by all layers
+        rope = self.rotary.bind(positions)  # shared by all layers
         residual = None
         for i, layer in enumerate(self.model.layers):
             layer_cache = kv_cache.layers[i] if kv_cache is not None else None
