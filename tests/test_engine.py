@@ -276,3 +276,70 @@ def test_pool_smaller_than_max_model_len_is_an_error(loaded):
         make_engine(loaded, num_blocks=4, max_model_len=128)
     engine = make_engine(loaded, num_blocks=4, max_model_len=None)  # defaulted: lowered to fit
     assert engine.max_model_len == 32
+
+
+def _outputs_of(outs) -> list:
+    return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason, o.logprobs) for o in r.outputs] for r in outs]
+
+
+def test_async_output_proc_equals_sync(loaded, prompts, monkeypatch):
+    """Async output processing (the next step launched before this step's text work) gives the
+    outputs of the synchronous engine: stop strings (ending sequences whose next step is already
+    launched, also while preemption is frequent), stop token ids, min / max tokens, n = 2 seeded
+    sampling, logprobs; every block free at the end."""
+    sync = make_engine(loaded, disable_async_output_proc=True)
+    texts = [o.text for o in run(sync, ["Hello", "The cat", "Once"],
+                                 SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))]
+    stops = [t[len(t) // 2: len(t) // 2 + 2] for t in texts]
+    assert all(s.strip() for s in stops), texts
+    ref_tokens = reference_greedy(sync, prompts[4])
+    params = [
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stops[0]]),
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stops[1], "\x00never"]),
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stops[2]], min_tokens=3),
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, stop_token_ids=[ref_tokens[3]]),
+        SamplingParams(n=2, temperature=1.0, top_p=0.9, seed=3, max_tokens=7, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=0),
+    ]
+    reqs = ["Hello", "The cat", "Once", prompts[4], prompts[5], prompts[6]]
+    late = []
+    real_finish_late = LLMEngine._finish_late
+
+    def finish_late(self, seq, reason):
+        late.append(self._inflight is not None and seq in self._inflight[0].seqs)
+        real_finish_late(self, seq, reason)
+
+    monkeypatch.setattr(LLMEngine, "_finish_late", finish_late)
+    for kw in ({}, {"num_blocks": 12, "max_model_len": 64}):  # 12 blocks of 8 tokens: preemption
+        sync = make_engine(loaded, disable_async_output_proc=True, **kw)
+        want = _outputs_of(run(sync, reqs, params))
+        n_sync = len(late)
+        assert not any(late)  # synchronous: nothing is in flight when a stop string is found
+        engine = make_engine(loaded, **kw)
+        assert engine.async_output_proc
+        got = _outputs_of(run(engine, reqs, params))
+        assert got == want
+        # the token a launched step sampled for a sequence that had ended is dropped, not counted
+        assert engine.counters["generation_tokens"] == sync.counters["generation_tokens"]
+        assert any(late[n_sync:])  # some stop string ended a sequence whose next step was launched
+        assert [r[0][2] for r in got[:3]] == ["stop"] * 3 and got[3][0][3] == ref_tokens[3]
+        assert (engine.scheduler.num_preemptions > 0) == bool(kw)
+        late.clear()
+
+
+def test_async_output_proc_overlaps_text_with_the_next_step(loaded, prompts, monkeypatch):
+    """With async output processing the text work of a step runs while the next step is launched
+    (and not yet waited for); without it, never."""
+    seen = {}
+    real = LLMEngine._process_text
+
+    def process_text(self, seq):
+        seen.setdefault(self.async_output_proc, []).append(self._inflight is not None)
+        real(self, seq)
+
+    monkeypatch.setattr(LLMEngine, "_process_text", process_text)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for flag in (False, True):
+        run(make_engine(loaded, disable_async_output_proc=not flag), prompts[:3], sp)
+    assert not any(seen[False])
+    assert sum(seen[True]) >= 3 * 5  # all but each sequence's last token

@@ -5,6 +5,14 @@ else on GPU what `gpu_memory_utilization` leaves after the weights and a profile
 else on CPU room for `max_num_seqs * max_model_len` tokens capped at 2 GiB) and logs the KV
 format and capacity. `step()` schedules a batch, runs it, samples, detokenizes, applies stop
 conditions and returns the outputs of the requests whose sequences produced a token.
+
+Async output processing (on by default; `disable_async_output_proc=True` turns it off, as vLLM's
+`--disable-async-output-proc`): once a step's tokens are back and its token-decided stops applied
+(EOS and stop token ids, max_tokens, max_model_len), the next step is scheduled and launched
+before this step's detokenization, stop-string search and `RequestOutput`s are made, so that host
+work overlaps the device's. A sequence that a stop string ends is then already in the launched
+step: it finishes at once (same output; its blocks are freed, which nothing reuses before that
+step is waited for) and the token that step samples for it is dropped.
 """
 
 from __future__ import annotations
@@ -21,10 +29,10 @@ import torch
 from kvpack.attention.kv_cache import allocate_kv_cache, resolve_kv_formats
 from kvpack.config import CacheConfig, ConfigError, EngineConfig, KVPackError, SchedulerConfig
 from kvpack.engine.block_manager import BlockManager
-from kvpack.engine.model_runner import ModelRunner, get_model_runner_cls
+from kvpack.engine.model_runner import ModelRunner, PendingRunnerOutput, get_model_runner_cls
 from kvpack.engine.outputs import CompletionOutput, RequestOutput, completion_of
 from kvpack.engine.sampler import Sampler
-from kvpack.engine.scheduler import Scheduler
+from kvpack.engine.scheduler import ScheduledBatch, Scheduler
 from kvpack.engine.sequence import Sequence
 from kvpack.sampling_params import SamplingParams
 
@@ -113,6 +121,8 @@ class LLMEngine:
         self._arrival = itertools.count()
         self.counters = dict(num_requests=0, prompt_tokens=0, generation_tokens=0,
                              computed_tokens=0, steps=0)
+        self.async_output_proc = not config.disable_async_output_proc
+        self._inflight: tuple[ScheduledBatch, PendingRunnerOutput] | None = None  # launched, not yet waited for
 
     # ---- construction --------------------------------------------------------------------------
 
@@ -141,6 +151,7 @@ class LLMEngine:
         device: str | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
+        disable_async_output_proc: bool = False,
         log_stats: bool = True,
         loaded: Any = None,
     ) -> "LLMEngine":
@@ -195,7 +206,7 @@ class LLMEngine:
         config = EngineConfig(model=model or "default", model_config=mc, cache_config=cache_config,
                               scheduler_config=scheduler_config, device=device, seed=seed,
                               dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),
-                              enforce_eager=enforce_eager)
+                              enforce_eager=enforce_eager, disable_async_output_proc=disable_async_output_proc)
         engine = cls(config, loaded, plan.num_blocks)
         engine.kv_plan = plan
         if log_stats:
@@ -301,23 +312,32 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
-        if not batch.seqs:
-            if self.scheduler.has_unfinished():
-                raise KVPackError("the scheduler cannot make progress: a waiting request does not fit "
-                                  "in the KV cache (raise --num-blocks or lower --max-model-len)")
-            return []
-        result = self.model_runner.execute(batch)
+        if self._inflight is None:
+            self._inflight = self._launch_next()
+            if self._inflight is None:
+                if self.scheduler.has_unfinished():
+                    raise KVPackError("the scheduler cannot make progress: a waiting request does not fit "
+                                      "in the KV cache (raise --num-blocks or lower --max-model-len)")
+                return []
+        batch, pending = self._inflight
+        self._inflight = None
+        result = pending.result()  # waits for the device
         self.counters["steps"] += 1
         self.counters["computed_tokens"] += batch.num_tokens
         advanced = self.scheduler.update(batch, result.token_ids, result.logprobs)
+        for seq in advanced:
+            self._check_token_stop(seq)
+        if self.async_output_proc:
+            self._inflight = self._launch_next()  # runs on the device while the text work below runs here
         touched: dict[str, _Request] = {}
         now = time.time()
         for seq in advanced:
-            req = self._seq_to_request[seq.seq_id]
+            req = self._seq_to_request.get(seq.seq_id)
+            if req is None:  # aborted meanwhile
+                continue
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._process_token(seq)
+            self._process_text(seq)
             touched[req.request_id] = req
         self.counters["generation_tokens"] += len(advanced)
         outputs = []
@@ -331,30 +351,50 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
-    def _process_token(self, seq: Sequence) -> None:
-        """Detokenize the newest token of `seq` and apply the stop conditions."""
+    def _launch_next(self) -> tuple[ScheduledBatch, PendingRunnerOutput] | None:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return None
+        return batch, self.model_runner.launch(batch)
+
+    def _check_token_stop(self, seq: Sequence) -> None:
+        """The stops the newest token decides alone (stop token, max_tokens, max_model_len): applied
+        before the next step is scheduled. Text and stop strings: `_process_text`."""
         p = seq.params
         token = seq.token_ids[-1]
         stop_token = seq.num_output_tokens > p.min_tokens and (
             token in p.stop_ids or (not p.ignore_eos and token in self.eos_token_ids))
         if stop_token:  # its text is not part of the output
-            if seq.detokenizer is not None:
-                seq.add_text(seq.detokenizer.flush())
             seq.stop_reason = token if token in p.stop_ids else None
             self.scheduler.finish(seq, "stop")
-            return
-        if seq.detokenizer is not None:
-            seq.add_text(seq.detokenizer.add([token]))
-            if seq.num_output_tokens >= p.min_tokens and seq.find_stop_string():
-                self.scheduler.finish(seq, "stop")
-                return
-        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
-            if seq.detokenizer is not None:
-                seq.add_text(seq.detokenizer.flush())
-                if p.stop_strings and seq.find_stop_string():
-                    self.scheduler.finish(seq, "stop")
-                    return
+        elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
             self.scheduler.finish(seq, "length")
+
+    def _process_text(self, seq: Sequence) -> None:
+        """Detokenize the newest token of `seq` and look for stop strings in the new text."""
+        detok = seq.detokenizer
+        if detok is None:
+            return
+        p = seq.params
+        if seq.finish_reason == "stop":  # by a stop token (`_check_token_stop`), whose text is left out
+            seq.add_text(detok.flush())
+            return
+        seq.add_text(detok.add([seq.token_ids[-1]]))
+        if seq.num_output_tokens >= p.min_tokens and seq.find_stop_string():
+            self._finish_late(seq, "stop")
+            return
+        if seq.finish_reason == "length":
+            seq.add_text(detok.flush())
+            if p.stop_strings and seq.find_stop_string():
+                seq.finish("stop")
+
+    def _finish_late(self, seq: Sequence, reason: str) -> None:
+        """Finish a sequence a stop string ended; it may be in the step already launched, or
+        preempted by its scheduling."""
+        if seq.is_finished:  # ended by length at the same token: the stop string decides the reason
+            seq.finish(reason)
+        else:
+            self.scheduler.finish(seq, reason)
 
     # ---- introspection -------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 `execute(batch)` = `prepare_inputs` (flat input_ids / positions / `AttentionMetadata` and which
 rows need logits) -> `run_model` (the forward pass) -> `compute_logits` (only the last token of
 each sequence that samples this step; a prefill chunk that does not end its prompt needs none)
--> the `Sampler`. Everything here is device-generic.
+-> the `Sampler`. `launch(batch)` queues the same work and returns a `PendingRunnerOutput` whose
+`result()` waits for it, so the host can do other work while the device runs (the engine's
+async output processing). Everything here is device-generic.
 
 Seam for device-specific runners (e.g. CUDA graphs, kept in their own module): subclass and
 override `run_model(input_ids, positions, metadata) -> hidden` (e.g. replay a captured graph for
@@ -23,7 +25,7 @@ import torch
 
 from kvpack.attention.kv_cache import KVCache
 from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace
-from kvpack.engine.sampler import Sampler, SamplerOutput, SamplingBatch
+from kvpack.engine.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
 from kvpack.engine.scheduler import ScheduledBatch
 
 
@@ -118,17 +120,34 @@ class ModelRunner:
             banned.append(ban)
         return SamplingBatch(params=params, generators=gens, banned_ids=banned)
 
-    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch) -> "PendingRunnerOutput":
+        """Queue the batch's forward pass and sampling on the device; nothing waits for them."""
         inputs = self.prepare_inputs(batch)
         hidden = self.run_model(inputs.input_ids, inputs.positions, inputs.metadata)
-        if not inputs.sample_rows:
-            return RunnerOutput({}, {})
-        logits = self.compute_logits(hidden, inputs.logits_indices)
-        out: SamplerOutput = self.sampler(logits, self.sampling_batch(batch, inputs.sample_rows))
         ids = [batch.seqs[i].seq_id for i in inputs.sample_rows]
-        logprobs = {sid: lp for sid, lp in zip(ids, out.logprobs) if lp is not None}
-        return RunnerOutput(dict(zip(ids, out.token_ids)), logprobs)
+        if not inputs.sample_rows:
+            return PendingRunnerOutput(ids, None)
+        logits = self.compute_logits(hidden, inputs.logits_indices)
+        return PendingRunnerOutput(ids, self.sampler.launch(logits, self.sampling_batch(batch, inputs.sample_rows)))
+
+
+class PendingRunnerOutput:
+    """A launched step: `result()` waits for its sampled tokens and returns the `RunnerOutput`."""
+
+    def __init__(self, seq_ids: list[int], sample: PendingSample | None) -> None:
+        self.seq_ids = seq_ids
+        self.sample = sample
+
+    def result(self) -> RunnerOutput:
+        if self.sample is None:
+            return RunnerOutput({}, {})
+        out: SamplerOutput = self.sample.result()
+        logprobs = {sid: lp for sid, lp in zip(self.seq_ids, out.logprobs) if lp is not None}
+        return RunnerOutput(dict(zip(self.seq_ids, out.token_ids)), logprobs)
 
 
 def build_metadata(

@@ -36,6 +36,31 @@ class SamplerOutput:
     logprobs: list[dict[int, float] | None]
 
 
+class PendingSample:
+    """A sampling step launched on the device: `result()` waits for it (the only host sync) and
+    returns the `SamplerOutput`. The chosen ids (and logprob tensors) are copied to the host
+    asynchronously at launch, so a caller can queue more device work before asking."""
+
+    def __init__(self, chosen: torch.Tensor, logprob_parts: tuple | None, want: list[int | None]) -> None:
+        self._want = want
+        self._event = None
+        host = lambda t: t.to("cpu", non_blocking=True)  # noqa: E731  (pinned on CUDA)
+        self._chosen = host(chosen)
+        self._lp = None if logprob_parts is None else tuple(None if t is None else host(t) for t in logprob_parts)
+        if chosen.is_cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> SamplerOutput:
+        if self._event is not None:
+            self._event.synchronize()
+        ids = self._chosen.tolist()
+        lp_out: list[dict[int, float] | None] = [None] * len(ids)
+        if self._lp is not None:
+            lp_out = _logprob_dicts(ids, *self._lp, self._want)
+        return SamplerOutput(token_ids=ids, logprobs=lp_out)
+
+
 class Sampler:
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator  # for unseeded rows; None = torch's default generator
@@ -43,6 +68,11 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits: [B, V] float32 on any device."""
+        return self.launch(logits, batch).result()
+
+    @torch.inference_mode()
+    def launch(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
+        """Queue the sampling of logits [B, V] (any float dtype, any device) without waiting."""
         B, V = logits.shape
         params = batch.params
         assert len(params) == B == len(batch.generators)
@@ -60,10 +90,8 @@ class Sampler:
             chosen = self._sample(logits, params, batch.generators, greedy)
 
         want = [p.logprobs for p in params]
-        lp_out: list[dict[int, float] | None] = [None] * B
-        if any(w is not None for w in want):
-            lp_out = _logprobs(logits, chosen, want)
-        return SamplerOutput(token_ids=chosen.tolist(), logprobs=lp_out)
+        parts = _logprob_tensors(logits, chosen, want) if any(w is not None for w in want) else None
+        return PendingSample(chosen, parts, want)
 
     def _sample(
         self,
@@ -108,17 +136,24 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
 
 
-def _logprobs(
-    logits: torch.Tensor, chosen: torch.Tensor, want: list[int | None]
-) -> list[dict[int, float] | None]:
+def _logprob_tensors(logits: torch.Tensor, chosen: torch.Tensor,
+                     want: list[int | None]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """On the device: the chosen tokens' logprobs [B] and the top-N values and ids [B, N] (None
+    when no row asks for top tokens)."""
     logp = logits.log_softmax(dim=-1)
     n = max(w or 0 for w in want)
-    chosen_ids = chosen.tolist()
-    chosen_lp = logp.gather(1, chosen[:, None])[:, 0].tolist()
-    top_lp, top_ids = ([], [])
-    if n:
-        values, indices = logp.topk(n, dim=-1)
-        top_lp, top_ids = values.tolist(), indices.tolist()
+    chosen_lp = logp.gather(1, chosen[:, None])[:, 0]
+    if not n:
+        return chosen_lp, None, None
+    values, indices = logp.topk(n, dim=-1)
+    return chosen_lp, values, indices
+
+
+def _logprob_dicts(chosen_ids: list[int], chosen_lp: torch.Tensor, top_lp: torch.Tensor | None,
+                   top_ids: torch.Tensor | None, want: list[int | None]) -> list[dict[int, float] | None]:
+    chosen_lp = chosen_lp.tolist()
+    top_lp = top_lp.tolist() if top_lp is not None else []
+    top_ids = top_ids.tolist() if top_ids is not None else []
     out: list[dict[int, float] | None] = []
     for i, w in enumerate(want):
         if w is None:

@@ -158,6 +158,8 @@ class Scheduler:
         """
         advanced = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if seq.is_finished:  # ended (stop string, abort) while the step ran: its result is dropped
+                continue
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)
             token = sampled.get(seq.seq_id)
@@ -167,7 +169,10 @@ class Scheduler:
         return advanced
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark a running sequence finished and release its blocks."""
+        """Mark a sequence finished and release its blocks (a waiting one, preempted, has none)."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
         seq.finish(reason)
-        self.running.remove(seq)
-        self.block_manager.free(seq)

@@ -50,6 +50,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
     p.add_argument("--num-blocks", type=int, default=None, help="fixed number of KV blocks")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--disable-async-output-proc", action="store_true",
+                   help="process each step's output text before launching the next step (default: the next step runs on the device meanwhile)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None, help="write the results here (JSON)")
@@ -116,7 +118,8 @@ def engine_kwargs(args: argparse.Namespace, item: str, **overrides: Any) -> dict
               max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
               gpu_memory_utilization=args.gpu_memory_utilization, device=args.device, seed=args.seed,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager,
+              disable_async_output_proc=getattr(args, "disable_async_output_proc", False))
     kw.update(overrides)
     return kw
 

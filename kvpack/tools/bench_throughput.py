@@ -174,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
                            "kv_cache_memory": args.kv_cache_memory, "num_blocks": args.num_blocks,
                            "gpu_memory_utilization": args.gpu_memory_utilization,
                            "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
-                           "enforce_eager": args.enforce_eager, "dtype": args.dtype, "repeats": args.repeats},
+                           "enforce_eager": args.enforce_eager, "dtype": args.dtype, "repeats": args.repeats,
+                           "disable_async_output_proc": args.disable_async_output_proc},
                 "results": rows}
 
     rows = []
