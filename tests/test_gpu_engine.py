@@ -192,15 +192,16 @@ def test_greedy_equals_transformers(tmp_path):
 
 # ---- the engine on CUDA ---------------------------------------------------------------------------
 
-def _engine_tokens(fmt: str, enforce_eager: bool, prompts):
+def _engine_tokens(fmt: str, enforce_eager: bool, prompts, params=None, **kw):
     from kvpack.engine.llm_engine import LLMEngine
     from kvpack.sampling_params import SamplingParams
 
     engine = LLMEngine.from_args("tiny-llama", dtype="bfloat16", device="cuda", kv_cache_dtype=fmt,
                                  max_model_len=512, kv_cache_memory="64MiB", max_num_seqs=16,
-                                 enforce_eager=enforce_eager, log_stats=False)
+                                 enforce_eager=enforce_eager, log_stats=False, **kw)
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+        engine.add_request(str(i), p, params[i] if params else
+                           SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     outs = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -228,6 +229,27 @@ def test_engine_cuda(fmt):
     assert [g[0] for g in graphs] == [e[0] for e in eager]  # first tokens come from the same eager prefill
     assert all(len(g) == 10 for g in graphs)
     assert sum(g == e for g, e in zip(graphs, eager)) >= 0.8 * len(prompts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
+def test_async_output_proc_cuda(fmt):
+    """On CUDA with CUDA graphs, async output processing (sampled ids copied to pinned memory
+    behind an event, the next step launched before the text work) gives the synchronous engine's
+    tokens: greedy, seeded sampling, stop token ids, logprobs."""
+    from kvpack.sampling_params import SamplingParams
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 120))] for _ in range(12)]
+    kinds = [dict(temperature=0, max_tokens=16, stop_token_ids=[7, 11]),
+             dict(temperature=0.9, top_p=0.9, seed=5, max_tokens=16, logprobs=2),
+             dict(temperature=0)]
+    params = [SamplingParams(ignore_eos=True, **{"max_tokens": 3 + i, **kinds[i % 3]}) for i in range(len(prompts))]
+    sync, _ = _engine_tokens(fmt, False, prompts, params, disable_async_output_proc=True)
+    got, engine = _engine_tokens(fmt, False, prompts, params)
+    assert engine.async_output_proc and engine.model_runner.num_replays > 0
+    assert got == sync
+    assert [len(g) for g in got][2::3] == [3 + i for i in range(2, len(prompts), 3)]
 
 
 @pytest.mark.gpu
