@@ -228,6 +228,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs
     disable_async_output_proc: bool = False  # wait for each step's text work before launching the next
+    async_scheduling: bool = True  # launch the next step before this one's tokens are back (needs the above)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float"):

@@ -279,13 +279,28 @@ def test_pool_smaller_than_max_model_len_is_an_error(loaded):
 
 
 def _outputs_of(outs) -> list:
+    """Tokens, text, finish and stop reasons (exact), and logprobs, for `_assert_same_outputs`."""
     return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason, o.logprobs) for o in r.outputs] for r in outs]
 
 
-def test_async_output_proc_equals_sync(loaded, prompts, monkeypatch):
-    """Async output processing (the next step launched before this step's text work) gives the
-    outputs of the synchronous engine: stop strings (ending sequences whose next step is already
-    launched, also while preemption is frequent), stop token ids, min / max tokens, n = 2 seeded
+def _assert_same_outputs(got, want) -> None:
+    """Equal but for logprobs, which match to 1e-5 with the same token ids: a step's batch can
+    differ between the modes (a float32 matmul over other rows may move the last bits)."""
+    assert [[c[:4] for c in r] for r in got] == [[c[:4] for c in r] for r in want]
+    for gr, wr in zip(got, want):
+        for g, w in zip(gr, wr):
+            assert (g[4] is None) == (w[4] is None)
+            for gd, wd in zip(g[4] or [], w[4] or []):
+                assert gd.keys() == wd.keys() and gd == pytest.approx(wd, abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", [dict(async_scheduling=False), dict()], ids=["async-output", "async-scheduling"])
+def test_async_output_proc_equals_sync(loaded, prompts, monkeypatch, mode):
+    """Async output processing (the next step launched before this step's text work), alone or with
+    async scheduling (launched before this step's tokens are back, its inputs for them read on the
+    device), gives the outputs of the synchronous engine: stop strings (ending sequences whose next
+    step is already launched, also while preemption is frequent), stop token ids (with async
+    scheduling: ending sequences already in the next step), min / max tokens, n = 2 seeded
     sampling, logprobs; every block free at the end."""
     sync = make_engine(loaded, disable_async_output_proc=True)
     texts = [o.text for o in run(sync, ["Hello", "The cat", "Once"],
@@ -315,10 +330,10 @@ def test_async_output_proc_equals_sync(loaded, prompts, monkeypatch):
         want = _outputs_of(run(sync, reqs, params))
         n_sync = len(late)
         assert not any(late)  # synchronous: nothing is in flight when a stop string is found
-        engine = make_engine(loaded, **kw)
-        assert engine.async_output_proc
+        engine = make_engine(loaded, **kw, **mode)
+        assert engine.async_output_proc and engine.async_scheduling == (mode == {})
         got = _outputs_of(run(engine, reqs, params))
-        assert got == want
+        _assert_same_outputs(got, want)
         # the token a launched step sampled for a sequence that had ended is dropped, not counted
         assert engine.counters["generation_tokens"] == sync.counters["generation_tokens"]
         assert any(late[n_sync:])  # some stop string ended a sequence whose next step was launched
@@ -343,3 +358,36 @@ def test_async_output_proc_overlaps_text_with_the_next_step(loaded, prompts, mon
         run(make_engine(loaded, disable_async_output_proc=not flag), prompts[:3], sp)
     assert not any(seen[False])
     assert sum(seen[True]) >= 3 * 5  # all but each sequence's last token
+
+
+def test_async_scheduling_launches_before_waiting(loaded, prompts, monkeypatch):
+    """With async scheduling two steps are in flight at the sampler's host sync (the next one was
+    launched before this one's tokens were read), one without; sequences whose pending token is
+    their last by length are not scheduled again, so without stop tokens or strings the same
+    tokens are computed as by the synchronous engine."""
+    from kvpack.engine import model_runner
+
+    state = {"in_flight": 0, "max": 0}
+    launch, result = model_runner.ModelRunner.launch, model_runner.PendingRunnerOutput.result
+
+    def counted_launch(self, *a, **kw):
+        state["in_flight"] += 1
+        return launch(self, *a, **kw)
+
+    def counted_result(self):
+        state["max"] = max(state["max"], state["in_flight"])
+        state["in_flight"] -= 1
+        return result(self)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "launch", counted_launch)
+    monkeypatch.setattr(model_runner.PendingRunnerOutput, "result", counted_result)
+    sp = [SamplingParams(temperature=0, max_tokens=1 + i % 5, ignore_eos=True) for i in range(8)]
+    computed, peaks = {}, {}
+    for name, kw in [("sync", dict(disable_async_output_proc=True)), ("async", dict())]:
+        state.update(in_flight=0, max=0)
+        engine = make_engine(loaded, **kw)
+        outs = run(engine, prompts[:8], sp)
+        assert [len(o.token_ids) for o in outs] == [1 + i % 5 for i in range(8)]
+        computed[name], peaks[name] = engine.counters["computed_tokens"], state["max"]
+    assert peaks == {"sync": 1, "async": 2}
+    assert computed["async"] == computed["sync"]

@@ -232,11 +232,13 @@ def test_engine_cuda(fmt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", [dict(async_scheduling=False), dict()], ids=["async-output", "async-scheduling"])
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
-def test_async_output_proc_cuda(fmt):
+def test_async_output_proc_cuda(fmt, mode):
     """On CUDA with CUDA graphs, async output processing (sampled ids copied to pinned memory
-    behind an event, the next step launched before the text work) gives the synchronous engine's
-    tokens: greedy, seeded sampling, stop token ids, logprobs."""
+    behind an event, the next step launched before the text work) and async scheduling (launched
+    before the tokens are back, read on the device) give the synchronous engine's tokens: greedy,
+    seeded sampling, stop token ids, logprobs."""
     from kvpack.sampling_params import SamplingParams
 
     rng = random.Random(3)
@@ -246,8 +248,9 @@ def test_async_output_proc_cuda(fmt):
              dict(temperature=0)]
     params = [SamplingParams(ignore_eos=True, **{"max_tokens": 3 + i, **kinds[i % 3]}) for i in range(len(prompts))]
     sync, _ = _engine_tokens(fmt, False, prompts, params, disable_async_output_proc=True)
-    got, engine = _engine_tokens(fmt, False, prompts, params)
-    assert engine.async_output_proc and engine.model_runner.num_replays > 0
+    got, engine = _engine_tokens(fmt, False, prompts, params, **mode)
+    assert engine.async_output_proc and engine.async_scheduling == (mode == {})
+    assert engine.model_runner.num_replays > 0
     assert got == sync
     assert [len(g) for g in got][2::3] == [3 + i for i in range(2, len(prompts), 3)]
 

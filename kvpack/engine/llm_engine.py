@@ -6,13 +6,20 @@ else on CPU room for `max_num_seqs * max_model_len` tokens capped at 2 GiB) and 
 format and capacity. `step()` schedules a batch, runs it, samples, detokenizes, applies stop
 conditions and returns the outputs of the requests whose sequences produced a token.
 
-Async output processing (on by default; `disable_async_output_proc=True` turns it off, as vLLM's
-`--disable-async-output-proc`): once a step's tokens are back and its token-decided stops applied
-(EOS and stop token ids, max_tokens, max_model_len), the next step is scheduled and launched
-before this step's detokenization, stop-string search and `RequestOutput`s are made, so that host
-work overlaps the device's. A sequence that a stop string ends is then already in the launched
-step: it finishes at once (same output; its blocks are freed, which nothing reuses before that
-step is waited for) and the token that step samples for it is dropped.
+The host's work overlaps the device's in two ways, both on by default:
+- async scheduling (`async_scheduling=False` / `--no-async-scheduling` turns it off): the step in
+  flight is advanced with a PLACEHOLDER for each token it samples (`Scheduler.advance`), the next
+  step is scheduled and launched at once, reading those tokens on the device, and only then are
+  this step's tokens waited for and put in place (`Scheduler.fill`). A sequence whose pending
+  token is its last by length is not scheduled again; one that its token ends (EOS, stop token
+  id) is already in the launched step, whose token for it is dropped.
+- async output processing (`disable_async_output_proc=True` turns both off, as vLLM's
+  `--disable-async-output-proc`): detokenization, stop strings and the `RequestOutput`s of a step
+  are made after the next step is launched. A sequence a stop string ends finishes at once (same
+  output) and the launched step's token for it is dropped.
+Blocks freed while a step is in flight are written by it only where no prefix-cache entry
+points (the last, unregistered block of a sequence), and steps run in order on one stream, so a
+later step that reuses such a block overwrites what it reads.
 """
 
 from __future__ import annotations
@@ -122,6 +129,7 @@ class LLMEngine:
         self.counters = dict(num_requests=0, prompt_tokens=0, generation_tokens=0,
                              computed_tokens=0, steps=0)
         self.async_output_proc = not config.disable_async_output_proc
+        self.async_scheduling = self.async_output_proc and config.async_scheduling
         self._inflight: tuple[ScheduledBatch, PendingRunnerOutput] | None = None  # launched, not yet waited for
 
     # ---- construction --------------------------------------------------------------------------
@@ -152,6 +160,7 @@ class LLMEngine:
         seed: int = 0,
         enforce_eager: bool = False,
         disable_async_output_proc: bool = False,
+        async_scheduling: bool = True,
         log_stats: bool = True,
         loaded: Any = None,
     ) -> "LLMEngine":
@@ -206,7 +215,8 @@ class LLMEngine:
         config = EngineConfig(model=model or "default", model_config=mc, cache_config=cache_config,
                               scheduler_config=scheduler_config, device=device, seed=seed,
                               dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),
-                              enforce_eager=enforce_eager, disable_async_output_proc=disable_async_output_proc)
+                              enforce_eager=enforce_eager, disable_async_output_proc=disable_async_output_proc,
+                              async_scheduling=async_scheduling)
         engine = cls(config, loaded, plan.num_blocks)
         engine.kv_plan = plan
         if log_stats:
@@ -321,13 +331,19 @@ class LLMEngine:
                 return []
         batch, pending = self._inflight
         self._inflight = None
-        result = pending.result()  # waits for the device
+        if self.async_scheduling:  # the next step goes to the device before this one's tokens are back
+            awaiting = self.scheduler.advance(batch)
+            self._inflight = self._launch_next(pending)
+            result = pending.result()
+            advanced = self.scheduler.fill(awaiting, result.token_ids, result.logprobs)
+        else:
+            result = pending.result()  # waits for the device
+            advanced = self.scheduler.update(batch, result.token_ids, result.logprobs)
         self.counters["steps"] += 1
         self.counters["computed_tokens"] += batch.num_tokens
-        advanced = self.scheduler.update(batch, result.token_ids, result.logprobs)
         for seq in advanced:
             self._check_token_stop(seq)
-        if self.async_output_proc:
+        if self.async_output_proc and not self.async_scheduling:
             self._inflight = self._launch_next()  # runs on the device while the text work below runs here
         touched: dict[str, _Request] = {}
         now = time.time()
@@ -351,11 +367,11 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
-    def _launch_next(self) -> tuple[ScheduledBatch, PendingRunnerOutput] | None:
+    def _launch_next(self, prev: PendingRunnerOutput | None = None) -> tuple[ScheduledBatch, PendingRunnerOutput] | None:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return None
-        return batch, self.model_runner.launch(batch)
+        return batch, self.model_runner.launch(batch, prev)
 
     def _check_token_stop(self, seq: Sequence) -> None:
         """The stops the newest token decides alone (stop token, max_tokens, max_model_len): applied

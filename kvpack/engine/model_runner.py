@@ -27,6 +27,7 @@ from kvpack.attention.kv_cache import KVCache
 from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace
 from kvpack.engine.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
 from kvpack.engine.scheduler import ScheduledBatch
+from kvpack.engine.sequence import PLACEHOLDER
 
 
 @dataclass
@@ -76,12 +77,21 @@ class ModelRunner:
     def warmup(self) -> None:
         """Hook for subclasses (e.g. CUDA graph capture); nothing to do eagerly."""
 
-    def prepare_inputs(self, batch: ScheduledBatch) -> ModelInputs:
+    def prepare_inputs(self, batch: ScheduledBatch, prev: "PendingRunnerOutput | None" = None) -> ModelInputs:
+        """`prev`: the step launched before this one, whose sampled tokens are this step's inputs
+        where a sequence holds a PLACEHOLDER (async scheduling); they are read on the device."""
         input_ids: list[int] = []
         query_lens, seq_lens, tables, logits_indices, sample_rows = [], [], [], [], []
+        pending_pos, pending_rows = [], []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start:start + n])
+            ids = seq.token_ids[start:start + n]
+            if ids[-1] == PLACEHOLDER:  # only ever the newest token
+                assert prev is not None, f"{seq} waits for a token but no step is in flight"
+                pending_pos.append(len(input_ids) + n - 1)
+                pending_rows.append(prev.row_of[seq.seq_id])
+                ids = ids[:-1] + [0]
+            input_ids.extend(ids)
             query_lens.append(n)
             seq_lens.append(start + n)
             tables.append(seq.block_table)
@@ -89,8 +99,13 @@ class ModelRunner:
                 logits_indices.append(len(input_ids) - 1)
                 sample_rows.append(i)
         metadata, positions = build_metadata(query_lens, seq_lens, tables, self.block_size, self.device)
+        ids_t = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        if pending_pos:
+            where = torch.tensor(pending_pos, dtype=torch.int64).to(self.device, non_blocking=True)
+            rows = torch.tensor(pending_rows, dtype=torch.int64).to(self.device, non_blocking=True)
+            ids_t.index_copy_(0, where, prev.device_ids.index_select(0, rows))
         return ModelInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True),
+            input_ids=ids_t,
             positions=positions,
             metadata=metadata,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64).to(self.device, non_blocking=True),
@@ -124,9 +139,10 @@ class ModelRunner:
         return self.launch(batch).result()
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch) -> "PendingRunnerOutput":
-        """Queue the batch's forward pass and sampling on the device; nothing waits for them."""
-        inputs = self.prepare_inputs(batch)
+    def launch(self, batch: ScheduledBatch, prev: "PendingRunnerOutput | None" = None) -> "PendingRunnerOutput":
+        """Queue the batch's forward pass and sampling on the device; nothing waits for them.
+        `prev`: the step in flight whose tokens this batch's PLACEHOLDERs stand for."""
+        inputs = self.prepare_inputs(batch, prev)
         hidden = self.run_model(inputs.input_ids, inputs.positions, inputs.metadata)
         ids = [batch.seqs[i].seq_id for i in inputs.sample_rows]
         if not inputs.sample_rows:
@@ -136,11 +152,15 @@ class ModelRunner:
 
 
 class PendingRunnerOutput:
-    """A launched step: `result()` waits for its sampled tokens and returns the `RunnerOutput`."""
+    """A launched step: `result()` waits for its sampled tokens and returns the `RunnerOutput`;
+    `device_ids` [S] are the same tokens on the device, row `row_of[seq_id]` (read by the next
+    step before they reach the host)."""
 
     def __init__(self, seq_ids: list[int], sample: PendingSample | None) -> None:
         self.seq_ids = seq_ids
         self.sample = sample
+        self.row_of = {sid: i for i, sid in enumerate(seq_ids)}
+        self.device_ids = sample.device_ids if sample is not None else None
 
     def result(self) -> RunnerOutput:
         if self.sample is None:

@@ -44,6 +44,7 @@ class PendingSample:
     def __init__(self, chosen: torch.Tensor, logprob_parts: tuple | None, want: list[int | None]) -> None:
         self._want = want
         self._event = None
+        self.device_ids = chosen  # [B] int64 where the logits are
         host = lambda t: t.to("cpu", non_blocking=True)  # noqa: E731  (pinned on CUDA)
         self._chosen = host(chosen)
         self._lp = None if logprob_parts is None else tuple(None if t is None else host(t) for t in logprob_parts)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from kvpack.config import SchedulerConfig
 from kvpack.engine.block_manager import BlockManager
-from kvpack.engine.sequence import Sequence, SequenceStatus
+from kvpack.engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 
 @dataclass
@@ -86,8 +86,8 @@ class Scheduler:
         for seq in sorted((s for s in self.running if not s.in_prefill), key=lambda s: s.arrival):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or seq.finishes_at_length:
+                continue  # preempted earlier in this loop, or its pending token is its last
             while not self.block_manager.append_slot(seq):
                 victim = self._pick_victim(scheduled)
                 self._preempt(victim)
@@ -166,6 +166,41 @@ class Scheduler:
             if token is not None:
                 seq.append_token(token, logprobs.get(seq.seq_id) if logprobs else None)
                 advanced.append(seq)
+        return advanced
+
+    def advance(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Async scheduling: `batch` is launched but its tokens are not back. Advance it as `update`
+        will, with a PLACEHOLDER for each token to be sampled, so the next step can be scheduled
+        now (its input for that token is read on the device). Returns the sequences awaiting a
+        token, for `fill`; marks those whose token will be their last by length."""
+        waiting_for = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if seq.is_finished:  # ended while the step was launched: nothing to advance
+                continue
+            samples = seq.num_computed_tokens + n == len(seq)
+            seq.num_computed_tokens += n
+            self.block_manager.cache_computed_blocks(seq)
+            if samples:
+                seq.append_token(PLACEHOLDER)
+                seq.finishes_at_length = (seq.num_output_tokens >= seq.params.max_tokens
+                                          or len(seq) >= self.config.max_model_len)
+                waiting_for.append(seq)
+        return waiting_for
+
+    def fill(
+        self,
+        seqs: list[Sequence],
+        sampled: dict[int, int],
+        logprobs: dict[int, dict[int, float]] | None = None,
+    ) -> list[Sequence]:
+        """Async scheduling: put the sampled tokens of `advance`'s sequences in place. Returns
+        those that take one (not ended, e.g. aborted, while the step ran)."""
+        advanced = []
+        for seq in seqs:
+            if seq.is_finished:
+                continue
+            seq.fill_placeholder(sampled[seq.seq_id], logprobs.get(seq.seq_id) if logprobs else None)
+            advanced.append(seq)
         return advanced
 
     def finish(self, seq: Sequence, reason: str) -> None:

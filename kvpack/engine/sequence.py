@@ -33,6 +33,7 @@ class Detokenizer(Protocol):
 
 
 _seq_counter = itertools.count()
+PLACEHOLDER = -1  # a sampled token not back from the device yet (async scheduling)
 
 
 class Sequence:
@@ -67,6 +68,7 @@ class Sequence:
         self.output_text = ""
         self.detokenizer: Detokenizer | None = None  # set by the engine when it has a tokenizer
         self._stop_checked = 0  # output_text[:_stop_checked] holds no stop string
+        self.finishes_at_length = False  # its pending token is its last (max_tokens / max_model_len)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -101,6 +103,12 @@ class Sequence:
         if logprobs is not None and self.logprobs is not None:
             self.logprobs.append(logprobs)
             self.cumulative_logprob += logprobs.get(token_id, 0.0)
+
+    def fill_placeholder(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
+        """Put the sampled token in place of the PLACEHOLDER that `append_token` left for it."""
+        assert self.token_ids[-1] == PLACEHOLDER, self
+        self.token_ids.pop()
+        self.append_token(token_id, logprobs)
 
     def finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED

@@ -60,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument("--max-num-seqs", type=int, default=None,
                    help="sequences per batch (default 64 on CPU, 256 on GPU)")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+    s.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                   help="launch each step only after the previous step's tokens are back (default: launch it first, its inputs for those tokens read on the device)")
     s.add_argument("--disable-async-output-proc", action="store_true",
                    help="process each step's output text before launching the next step (default: the next step runs on the device meanwhile)")
     s.add_argument("--max-num-batched-tokens", type=int, default=None,
@@ -100,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
               max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-              disable_async_output_proc=args.disable_async_output_proc, device=args.device, seed=args.seed)
+              disable_async_output_proc=args.disable_async_output_proc, async_scheduling=args.async_scheduling,
+              device=args.device, seed=args.seed)
     t0 = time.perf_counter()
     if args.chat:
         head = [{"role": "system", "content": args.system}] if args.system else []

@@ -46,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="fixed number of KV cache blocks (default: from the memory budget)")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
+                   help="launch each step only after the previous step's tokens are back (default: launch it first, its inputs for those tokens read on the device)")
     p.add_argument("--disable-async-output-proc", action="store_true", default=None,
                    help="process each step's output text before launching the next step (default: the next step runs on the device meanwhile)")
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
@@ -63,6 +65,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "kv_rotation": getattr(args, "kv_rotation", True), "kv_centering": getattr(args, "kv_centering", True),
         "int4_group_size": getattr(args, "int4_group_size", None),
         "disable_async_output_proc": getattr(args, "disable_async_output_proc", None),
+        "async_scheduling": getattr(args, "async_scheduling", None),
     }
     return {k: v for k, v in kw.items() if v is not None}
 

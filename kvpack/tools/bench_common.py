@@ -52,6 +52,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--disable-async-output-proc", action="store_true",
                    help="process each step's output text before launching the next step (default: the next step runs on the device meanwhile)")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="launch each step only after the previous step's tokens are back (default: launch it first, its inputs for those tokens read on the device)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None, help="write the results here (JSON)")
@@ -119,7 +121,8 @@ def engine_kwargs(args: argparse.Namespace, item: str, **overrides: Any) -> dict
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
               gpu_memory_utilization=args.gpu_memory_utilization, device=args.device, seed=args.seed,
               enforce_eager=args.enforce_eager,
-              disable_async_output_proc=getattr(args, "disable_async_output_proc", False))
+              disable_async_output_proc=getattr(args, "disable_async_output_proc", False),
+              async_scheduling=not getattr(args, "no_async_scheduling", False))
     kw.update(overrides)
     return kw
 

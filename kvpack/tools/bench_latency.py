@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {"model": args.model, "context": args.context, "batch_size": args.batch_size,
                    "output_len": args.output_len, "num_iters": args.num_iters,
                    "enforce_eager": args.enforce_eager, "dtype": args.dtype,
-                   "disable_async_output_proc": args.disable_async_output_proc},
+                   "disable_async_output_proc": args.disable_async_output_proc,
+                           "async_scheduling": not args.no_async_scheduling},
         "results": rows})
     return 0 if all(r["all_blocks_free"] for r in rows) else 1
