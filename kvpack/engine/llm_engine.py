@@ -374,8 +374,9 @@ class LLMEngine:
         return batch, self.model_runner.launch(batch, prev)
 
     def _check_token_stop(self, seq: Sequence) -> None:
-        """The stops the newest token decides alone (stop token, max_tokens, max_model_len): applied
-        before the next step is scheduled. Text and stop strings: `_process_text`."""
+        """The stops the newest token decides alone (stop token, max_tokens, max_model_len), applied as
+        soon as the token is back: before the next step is scheduled, or with async scheduling after
+        (that step's token for the sequence is then dropped). Text and stop strings: `_process_text`."""
         p = seq.params
         token = seq.token_ids[-1]
         stop_token = seq.num_output_tokens > p.min_tokens and (
