@@ -191,6 +191,45 @@ def test_public_launcher_dispatches_mixed_batches_here():
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
+# The engine's mixed batches: the running sequences' decodes first, then prefill chunks.
+DECODES_FIRST = dict(q_lens=(1, 1, 1, 21, 9, 1), seq_lens=(37, 1, 64, 50, 9, 17))
+
+
+@pytest.mark.parametrize("workspace", [False, True])
+@pytest.mark.parametrize("k_name,v_name,static", [("float16", "float16", False), ("int8", "int8", False),
+                                                  ("int4", "int4", False), ("fp8_e4m3", "fp8_e5m2", True)])
+def test_mixed_batch_decodes_first_split(k_name, v_name, static, workspace):
+    """A batch that starts with decode rows goes through the decode kernel for those and the prefill
+    kernel (with its own workspace) for the rest: equal to the reference."""
+    from kvpack.kernels import paged_attention
+
+    seen = []
+
+    def attention(q, layer, meta, scale):
+        dec, rest = meta.decode_split
+        seen.append((dec.num_seqs, dec.max_query_len, rest.num_seqs, rest.workspace is not None))
+        return paged_attention(q, layer, meta, scale)
+
+    out, ref = run_case(k_name, v_name, static=static, dtype=torch.float16, attention=attention,
+                        workspace=workspace, **DECODES_FIRST)
+    assert seen == [(3, 1, 3, workspace)]
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
+
+
+def test_decode_split_only_for_leading_decodes():
+    from kvpack.engine.model_runner import build_metadata
+
+    t = [[i] for i in range(4)]
+    assert AttentionMetadata.build([1, 1], [5, 9], t[:2], 16).decode_split is None  # pure decode
+    assert AttentionMetadata.build([3, 1, 1], [5, 9, 2], t[:3], 16).decode_split is None  # a chunk first
+    for md in (AttentionMetadata.build([1, 1, 4, 1], [5, 9, 4, 2], t, 16),
+               build_metadata([1, 1, 4, 1], [5, 9, 4, 2], t, 16)[0]):
+        dec, rest = md.decode_split
+        assert dec.seq_lens.tolist() == [5, 9] and dec.max_query_len == 1 and dec.decode_split is None
+        assert rest.seq_lens.tolist() == [4, 2] and rest.query_start_loc.tolist() == [0, 4, 5]
+        assert rest.slot_mapping.tolist() == md.slot_mapping[2:].tolist()
+
+
 def test_tile_map_enumerates_every_tile_once():
     q_lens = [5, 1, 0, 17, 8]
     qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
@@ -393,6 +432,21 @@ def test_gpu_large(fmt, head_dim, workspace):
     out, ref = run_case(name, name, static=static, head_dim=head_dim, hq=32, hkv=8, block_size=block_size,
                         dtype=torch.bfloat16, q_lens=(700, 1, 1, 300, 129), seq_lens=(1900, 800, 3, 300, 1153),
                         workspace=workspace)
+    torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4", "fp8_e4m3", "fp8_e5m2-static"])
+def test_gpu_mixed_decodes_first(fmt):
+    """Decode rows of long contexts first, then chunks, as the engine batches them (split between the
+    decode and prefill kernels; the chunks' workspace by its rule)."""
+    from kvpack.kernels import paged_attention
+
+    static = fmt.endswith("-static")
+    name = fmt.removesuffix("-static")
+    out, ref = run_case(name, name, static=static, head_dim=128, hq=32, hkv=8, block_size=16,
+                        dtype=torch.bfloat16, q_lens=(1, 1, 1, 1, 700, 300), seq_lens=(5000, 800, 3, 2049, 1500, 300),
+                        workspace=None, attention=paged_attention)
     torch.testing.assert_close(out, ref, **TOL[torch.bfloat16])
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kvpack.attention.kv_cache import KVCache
-from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace
+from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace, _decode_split
 from kvpack.engine.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
 from kvpack.engine.scheduler import ScheduledBatch
 from kvpack.engine.sequence import PLACEHOLDER
@@ -199,7 +199,12 @@ def build_metadata(
     def dev(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(x).to(device, non_blocking=True)
 
+    decode_split = None
+    if int(q.max(initial=0)) > 1:
+        decode_split = _decode_split(query_lens, seq_lens, block_tables,
+                                     lambda *a: build_metadata(*a, block_size, device)[0])
     metadata = AttentionMetadata(
+        decode_split=decode_split,
         slot_mapping=dev(slots),
         query_start_loc=dev(qsl.astype(np.int32)),
         seq_lens=dev(s.astype(np.int32)),

@@ -21,6 +21,14 @@ def paged_attention(q: torch.Tensor, layer_cache, metadata, scale: float) -> tor
     from kvpack.kernels.prefill_attention import prefill_paged_attention  # lazy: another module's kernel
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if metadata.decode_split is not None:  # leading decode rows: the decode kernel; the rest: prefill
+        dec, rest = metadata.decode_split
+        nd = dec.num_seqs
+        out[:nd] = decode_paged_attention(q[:nd], layer_cache, dec, scale)
+        res = prefill_paged_attention(q[nd:], layer_cache, rest, scale, out[nd:])
+        if res is not None:
+            out[nd:] = res
+        return out
     res = prefill_paged_attention(q, layer_cache, metadata, scale, out)
     return out if res is None else res
 
