@@ -200,7 +200,7 @@ def _decode_split(query_lens, seq_lens, block_tables, build):
     None. The decode kernel reads long contexts split-K and GQA-packed, where the prefill kernel gives a
     one-token row a whole query tile; and the rest's workspace then covers its own blocks only, so
     decode rows' contexts no longer push it past its cap (H200, Llama-8B heads, an 8192-token chunk next
-    to 26-82 rows of 5k context: 3-28 % less attention time, results/engine_s11/probe_mixed_step.log)."""
+    to 26-82 rows of 5k context: 5-29 % less attention time, results/engine_s11/probe_mixed_step_*.log)."""
     nd = num_leading_decodes(query_lens)
     if nd == 0 or nd == len(query_lens):
         return None
