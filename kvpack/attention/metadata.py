@@ -107,7 +107,8 @@ class AttentionMetadata:
     decode_split:    for a batch that starts with one-token rows (decodes) and has longer ones, the
                      metadata of those leading rows and of the rest, each built alone (the rest with
                      its own workspace): `kernels.paged_attention` runs the first through the decode
-                     kernel and the second through the prefill kernel; None otherwise.
+                     kernel and the second through the prefill kernel; None otherwise. The engine's
+                     builder (`model_runner.build_metadata`) then plans no workspace for the whole.
     """
 
     slot_mapping: torch.Tensor
@@ -180,8 +181,8 @@ class AttentionMetadata:
             max_seq_len=max(seq_lens, default=0),
             workspace=(PrefillWorkspace.plan(query_lens, seq_lens, bt.numpy(), block_size, device, workspace)
                        if max(query_lens, default=0) > 1 else None),
-            decode_split=_decode_split(query_lens, seq_lens, block_tables,
-                                       lambda *a: cls.build(*a, block_size, device, workspace)),
+            decode_split=split_leading_decodes(query_lens, seq_lens, block_tables,
+                                               lambda *a: cls.build(*a, block_size, device, workspace)),
         )
 
 
@@ -195,7 +196,7 @@ def num_leading_decodes(query_lens) -> int:
     return n
 
 
-def _decode_split(query_lens, seq_lens, block_tables, build):
+def split_leading_decodes(query_lens, seq_lens, block_tables, build):
     """(metadata of the leading one-token rows, metadata of the rest) for a batch that has both, else
     None. The decode kernel reads long contexts split-K and GQA-packed, where the prefill kernel gives a
     one-token row a whole query tile; and the rest's workspace then covers its own blocks only, so

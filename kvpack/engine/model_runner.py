@@ -16,6 +16,7 @@ then register the class with `register_model_runner`; `LLMEngine` picks it throu
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from kvpack.attention.kv_cache import KVCache
-from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace, _decode_split
+from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace, split_leading_decodes
 from kvpack.engine.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
 from kvpack.engine.scheduler import ScheduledBatch
 from kvpack.engine.sequence import PLACEHOLDER
@@ -159,8 +160,11 @@ class PendingRunnerOutput:
     def __init__(self, seq_ids: list[int], sample: PendingSample | None) -> None:
         self.seq_ids = seq_ids
         self.sample = sample
-        self.row_of = {sid: i for i, sid in enumerate(seq_ids)}
         self.device_ids = sample.device_ids if sample is not None else None
+
+    @functools.cached_property
+    def row_of(self) -> dict[int, int]:  # asked for by the next step under async scheduling only
+        return {sid: i for i, sid in enumerate(self.seq_ids)}
 
     def result(self) -> RunnerOutput:
         if self.sample is None:
@@ -199,19 +203,22 @@ def build_metadata(
     def dev(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(x).to(device, non_blocking=True)
 
-    decode_split = None
-    if int(q.max(initial=0)) > 1:
-        decode_split = _decode_split(query_lens, seq_lens, block_tables,
-                                     lambda *a: build_metadata(*a, block_size, device)[0])
+    max_q = int(q.max(initial=0))
+    decode_split = workspace = None
+    if max_q > 1:
+        decode_split = split_leading_decodes(query_lens, seq_lens, block_tables,
+                                             lambda *a: build_metadata(*a, block_size, device)[0])
+        if decode_split is None:  # split: only the rest's workspace is read (the engine calls paged_attention)
+            workspace = PrefillWorkspace.plan(q, s, tables, block_size, device)
     metadata = AttentionMetadata(
-        decode_split=decode_split,
         slot_mapping=dev(slots),
         query_start_loc=dev(qsl.astype(np.int32)),
         seq_lens=dev(s.astype(np.int32)),
         block_tables=dev(tables),
-        max_query_len=int(q.max(initial=0)),
+        max_query_len=max_q,
         max_seq_len=int(s.max(initial=0)),
-        workspace=PrefillWorkspace.plan(q, s, tables, block_size, device) if int(q.max(initial=0)) > 1 else None,
+        workspace=workspace,
+        decode_split=decode_split,
     )
     return metadata, dev(positions)
 
