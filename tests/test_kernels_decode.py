@@ -462,6 +462,72 @@ def test_decode_fused_merge(k_name, v_name, D, means, dtype, splits, lane_budget
     check_fused_merge(q, lc, meta, splits, "dot", 1e-2 if dtype == torch.bfloat16 else ATOL)
 
 
+def check_merge_chunks(q, lc, meta, splits, chunks, tol, monkeypatch, variant="dot"):
+    """The separate merge split over channels (`_merge_kernel` with DC > 0) against the whole-row
+    merge (the same partials and per-channel operations: equal within one rounding of the output
+    dtype, the sum over splits may be ordered otherwise) and the reference; rotated V keeps whole rows."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    D = q.shape[-1]
+    kw = dict(num_splits=splits, variant=variant, merge="separate")
+    monkeypatch.setenv("KVPACK_DECODE_MERGE_CHUNKS", "1")
+    whole = decode_paged_attention(q, lc, meta, D ** -0.5, **kw)
+    monkeypatch.setenv("KVPACK_DECODE_MERGE_CHUNKS", str(chunks))
+    plan = plan_decode(q, lc, meta, D ** -0.5, **kw)
+    want = 1 if lc.v.fmt.rotate else min(chunks, triton.next_power_of_2(D) // 32)
+    assert plan.merge_grid == (meta.num_seqs, q.shape[1], want), plan.merge_grid
+    split = decode_paged_attention(q, lc, meta, D ** -0.5, **kw)
+    ulp = torch.finfo(q.dtype).eps
+    assert ((split.float() - whole.float()).abs() - ulp * whole.float().abs()).max().item() <= 1e-6
+    ref = reference.paged_attention(q, lc, meta, D ** -0.5).float()
+    err = ((split.float() - ref).abs() - tol * ref.abs()).max().item()
+    assert err <= tol, (splits, chunks, err)
+
+
+@pytest.mark.parametrize("k_name,v_name,D,means,dtype", [
+    ("float16", "float16", 64, False, torch.float16),
+    ("int8", "int8", 64, True, torch.float16),           # + V mean per channel chunk
+    ("int8", "fp8_e5m2", 96, False, torch.bfloat16),     # a padded last chunk (96 of 128), bf16 output
+    ("int4", "int4", 128, False, torch.float16),         # rotated V: out @ R needs whole rows
+])
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_decode_merge_channel_chunks(k_name, v_name, D, means, dtype, chunks, monkeypatch):
+    q, lc, meta = merge_case(k_name, v_name, D, [1, 300, 70], 6, 2, dtype, means)
+    check_merge_chunks(q, lc, meta, 5, chunks, 1e-2 if dtype == torch.bfloat16 else ATOL, monkeypatch)
+
+
+def test_merge_d_chunks_rule(monkeypatch):
+    """`merge_d_chunks`: whole rows once the (sequence, query head) pairs fill the SMs, else a power
+    of two that covers them, >= MERGE_MIN_DC channels a program; the environment override and its error."""
+    from kvpack.config import ConfigError
+    from kvpack.kernels import decode_plan as dp
+
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
+    cpu = torch.device("cpu")
+    assert dp.merge_d_chunks(32, 128, cpu) == 4   # 1 x 32768, Llama-3.1-8B: 128 programs
+    assert dp.merge_d_chunks(9, 64, cpu) == 2     # SmolLM2 at batch 1: 64 channels, two chunks of 32
+    assert dp.merge_d_chunks(132, 128, cpu) == 1 and dp.merge_d_chunks(256, 128, cpu) == 1
+    assert dp.merge_d_chunks(100, 128, cpu) == 2
+    monkeypatch.setenv("KVPACK_DECODE_MERGE_CHUNKS", "8")
+    assert dp.merge_d_chunks(256, 128, cpu) == 4  # capped at D_PAD / 32
+    monkeypatch.setenv("KVPACK_DECODE_MERGE_CHUNKS", "3")
+    with pytest.raises(ConfigError, match="merge chunks '3'"):
+        dp.merge_d_chunks(1, 128, cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,variant", [("bfloat16", "bfloat16", "dot"), ("int8", "int8", "imma"),
+                                                   ("fp8_e4m3", "fp8_e4m3", "dot"), ("int4", "int4", "dot")])
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_decode_merge_channel_chunks_gpu(k_name, v_name, variant, chunks, monkeypatch):
+    """Channel-chunked separate merge on the GPU: Llama-3.1-8B heads, one long and two short
+    sequences, 128 splits (the 1 x 32768 plan's), a V mean where the format allows one."""
+    bf16 = k_name == "bfloat16"
+    dtype = torch.bfloat16 if bf16 else torch.float16
+    q, lc, meta = merge_case(k_name, v_name, 128, [9000, 1, 333], 32, 8, dtype, not bf16, device="cuda")
+    check_merge_chunks(q, lc, meta, 128, chunks, 1e-2 if bf16 else ATOL, monkeypatch, variant)
+
+
 def test_decode_merge_choice(monkeypatch):
     """`choose_merge`: "auto" fuses 2 .. FUSED_MERGE_MAX_SPLITS splits of "dot" / "imma", never "frag"
     (measured no gain) nor one split; the environment variable, and a bad name (a clear error);
