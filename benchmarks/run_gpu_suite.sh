@@ -139,6 +139,9 @@ for fmt, want in (("int8", 1.6), ("int4", 2.4)):
         cap_x = row["kv_cache_tokens"] / base["kv_cache_tokens"]
         ideal = base["elapsed_s"] / (row["elapsed_s"] - row["decode_s"] + base["decode_s"] / cap_x)
         split += f"; {ideal:.2f}x if decode scaled with its {cap_x:.2f}x capacity"
+    if row.get("mean_decode_batch") and base.get("mean_decode_batch"):  # pure-decode steps: batch, step time
+        split += (f"; pure-decode steps: mean batch {row['mean_decode_batch']:.0f} at {row['mean_decode_step_ms']:.1f} ms"
+                  f" (bf16 {base['mean_decode_batch']:.0f} at {base['mean_decode_step_ms']:.1f} ms)")
     check(f"KV-bound ({n} req) output tok/s {fmt} >= {want}x bf16", None if r is None else (r >= want and n >= 256),
           "-" if r is None else f"{r:.2f}x (decode phase {d:.2f}x{split})" if d else f"{r:.2f}x")
 s = rows(short)

@@ -77,7 +77,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     ttft, tpot, n_out = [], [], 0
     bar = tqdm(total=len(workload), desc=f"{engine.kv_format_name}", unit="req", mininterval=1.0,
                disable=not progress, leave=False)
-    decode_s, decode_tokens = 0.0, 0
+    decode_s, decode_tokens, decode_steps, other_s, other_tokens = 0.0, 0, 0, 0.0, 0
     while engine.has_unfinished_requests():
         computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
         s = time.perf_counter()
@@ -87,6 +87,10 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
         if n_gen and engine.counters["computed_tokens"] - computed == n_gen:  # a pure-decode step
             decode_s += dt
             decode_tokens += n_gen
+            decode_steps += 1
+        else:
+            other_s += dt
+            other_tokens += n_gen
         steps += 1
         peak_used = max(peak_used, total_blocks - engine.num_free_blocks)
         peak_running = max(peak_running, len(engine.scheduler.running))
@@ -112,7 +116,10 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
         "p99_ttft_ms": _ms(percentile(ttft, 99)), "mean_tpot_ms": _ms(mean(tpot)),
         "median_tpot_ms": _ms(percentile(tpot, 50)),
         "decode_tok_s": decode_tokens / decode_s if decode_s else None, "decode_s": decode_s,
-        "decode_tokens": decode_tokens,
+        "decode_tokens": decode_tokens, "decode_steps": decode_steps,
+        "mean_decode_batch": decode_tokens / decode_steps if decode_steps else None,
+        "mean_decode_step_ms": _ms(decode_s / decode_steps) if decode_steps else None,
+        "other_steps": steps - decode_steps, "other_s": other_s, "other_output_tokens": other_tokens,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "peak_kv_usage": peak_used / total_blocks, "peak_running": peak_running,
         "all_blocks_free": engine.num_free_blocks == total_blocks,
