@@ -31,13 +31,17 @@ from kvpack.tools.bench_common import (  # noqa: E402
 def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
     cuda = torch.cuda.is_available() and (args.device or "cuda") != "cpu"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    engine = build_engine(args, item, max_model_len=args.context + args.steps + 8,
+    # sequences prefilled first decode while the others prefill (chunked prefill): their output must
+    # last through every prefill step, or the profiled steps decode a smaller batch than asked
+    # (before session 12 it lasted steps + 4 tokens: at 24 x 5400 only a few sequences were left)
+    chunk = args.max_num_batched_tokens or (8192 if cuda else 2048)
+    out_len = -(-args.batch_size * args.context // chunk) + 2 + args.steps + 4
+    engine = build_engine(args, item, max_model_len=args.context + out_len + 8,
                           enforce_eager=not args.cuda_graphs, max_num_seqs=max(args.batch_size, 1))
     try:
         prompts = [ids for ids, _ in random_prompts(args.batch_size, LenRange(args.context, args.context),
                                                     LenRange(1, 1), engine.model_config.vocab_size, args.seed)]
-        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 4, min_tokens=args.steps + 4,
-                                ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=out_len, min_tokens=out_len, ignore_eos=True)
         for j, ids in enumerate(prompts):
             engine.add_request(f"p{j}", ids, params)
         while engine.counters["computed_tokens"] < args.batch_size * args.context:  # prefill
@@ -45,6 +49,10 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
         for _ in range(2):  # warm up the decode path
             engine.step()
         sync()
+        running = len(engine.scheduler.running)
+        print(f"== {item}: profiling {args.steps} steps decoding {running} of {args.batch_size} sequences", flush=True)
+        if running != args.batch_size:
+            print(f"WARNING: {args.batch_size - running} sequences are not decoding (finished or waiting)", flush=True)
         acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
         with torch.profiler.profile(activities=acts) as prof:
             for _ in range(args.steps):
