@@ -282,11 +282,14 @@ def test_auto_frag_on_long_splits(kinds, lens, splits, long, monkeypatch):
 
 
 @pytest.mark.parametrize("batch,ctx,bs,want", [(32, 4096, 16, (2, 1)), (64, 2048, 16, (1, 1)), (8, 8192, 16, (8, 1)),
-                                                (128, 1024, 16, (1, 0)), (32, 4096, 8, (4, 0)), (1, 32768, 16, None)])
+                                                (128, 1024, 16, (1, 0)), (32, 4096, 8, (4, 0)), (1, 32768, 16, None),
+                                                (41, 8704, 16, (8, 1)), (47, 5414, 16, (5, 1)), (41, 2500, 16, (2, 1))])
 def test_frag_ring_plan(batch, ctx, bs, want, monkeypatch):
     """"auto" on int8 K and V, as planned for an H200 (132 SMs): the cp.async ring (PREFETCH 1) with
     about 4 programs per SM where the grid allows (`choose_ring_splits`), none with a larger grid or
-    8-token blocks (plain "frag", its own split rule), and no "frag" where its splits would be short."""
+    8-token blocks (plain "frag", its own split rule), and no "frag" where its splits would be short.
+    Long contexts (the KV-bound workload's 41 x 8704 bucket) cut splits of more than RING_LONG_SPLIT
+    tokens into pieces of >= 1024 tokens (still "frag")."""
     import kvpack.kernels.decode_attention as da
     import kvpack.kernels.decode_plan as dp
 

@@ -61,6 +61,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
 
 
 RING_PER_SM = 4  # "frag" with its cp.async ring: programs per SM (H200, results/attention_s9)
+RING_LONG_SPLIT = 2048  # a ring split longer than this is cut into RING_SPLIT_TOKENS pieces (`choose_ring_splits`)
+RING_SPLIT_TOKENS = 1024
 RING_SMEM_BYTES = 2 * (2 * 64 * 128 + 2 * 64 * 2)  # its two slots: K and V codes, K and V scales
 _RING_FIT: dict[int, int] = {}
 
@@ -92,7 +94,15 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
     slots = RING_PER_SM * _sm_count(device)
     if work > slots:
         return None
-    return max(1, min(slots // work, triton.cdiv(max_seq_len, 4 * 64), 128))
+    splits = slots // work
+    if triton.cdiv(max_seq_len, splits) > RING_LONG_SPLIT:
+        # Long splits leave a batch of mixed lengths to its longest sequences' programs (a CUDA graph
+        # plans for its context bucket, not the lengths it replays): splits of >= RING_SPLIT_TOKENS
+        # (so "auto" keeps "frag"). H200, 41 sequences of 2.3-8.7k tokens planned for 8704
+        # (results/engine_s12/probe_varlen): 1 -> 9 splits, int8 245 -> 163 us, fp8_e4m3 327 -> 185;
+        # 41 x 5.3k: int8 158 -> 154, fp8 208 -> 172 (4 splits: 145, 154)
+        splits = max(splits, max_seq_len // RING_SPLIT_TOKENS)
+    return max(1, min(splits, triton.cdiv(max_seq_len, 4 * 64), 128))
 
 
 MERGES = ("auto", "fused", "separate")
