@@ -270,11 +270,6 @@ TUNE_CONFIGS = [
     # `_merge_kernel` as a second launch, every variant at its own plan (run with --tune-splits 0)
     ("auto-separate", "auto", {"merge": "separate"}),
     ("auto-fused", "auto", {"merge": "fused"}),
-    # session 12: the separate merge over channel chunks (`merge_d_chunks`: 4 at 1 x 32768) against whole
-    # rows (one program per (sequence, query head), as before); "auto" is the rule (run with --tune-splits 0)
-    ("auto-mc1", "auto", {"merge_chunks": 1}),
-    ("auto-mc2", "auto", {"merge_chunks": 2}),
-    ("auto-mc4", "auto", {"merge_chunks": 4}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]

@@ -12,7 +12,6 @@ CPU-only machines, which replaces @triton.jit functions by interpreted ones).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -27,20 +26,6 @@ FORMATS = ["bfloat16", "int8", "int8-static", "int4", "fp8_e4m3", "fp8_e5m2-stat
 FP8_CVT = re.compile(r"cvt[.\w]*\.(e4m3|e5m2)")
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8",
        torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    """Set an environment variable for the block (a planning knob), then restore it."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def signature(fn, args: list) -> tuple[dict, dict, dict]:
@@ -128,11 +113,6 @@ def variants():
                     out.append((f"decode/{tag}", _decode_kernel, plan.args, plan.options))
                     if plan.merge_args is not None:  # rotated V: the merge forms out @ R
                         out.append((f"merge/{tag}", _merge_kernel, plan.merge_args, {}))
-                    if plan.merge_args is not None and not clc.v.fmt.rotate:  # channel chunks (1 x 32768)
-                        with _env("KVPACK_DECODE_MERGE_CHUNKS", "4"):
-                            plan = plan_decode(q, clc, meta2, 0.1, num_splits=2, variant="dot", merge=merge)
-                        assert plan.merge_grid[2] == 4, plan.merge_grid
-                        out.append((f"merge-chunks/{tag}", _merge_kernel, plan.merge_args, {}))
             if name in ("int8", "int8-static"):  # int8 K codes straight into an int8 MMA
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="imma")
                 assert plan.variant == "imma", plan.variant

@@ -43,7 +43,7 @@ from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge, choose_num_splits, choose_ring_splits,
-    choose_variant, fallback_variant, merge_chunk, merge_counters, merge_d_chunks,
+    choose_variant, fallback_variant, merge_chunk, merge_counters,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -456,49 +456,12 @@ def _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, 
 
 
 @triton.jit
-def _merge_chunk(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits, b, hq, c,
-                 SPLITS_PAD: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, vmean_ptr, GROUP: tl.constexpr,
-                 OUT_MEAN: tl.constexpr):
-    """`_merge_kernel` for DC channels of one head (no out @ R): the same operations per channel, so
-    the same bits as the whole-row merge."""
-    q_row = tl.load(qsl_ptr + b)
-    has_q = tl.load(qsl_ptr + b + 1) > q_row
-    sp = tl.arange(0, SPLITS_PAD)
-    smask = sp < num_splits
-    ph = (b * HQ + hq).to(tl.int64) * num_splits + sp
-    m = tl.load(pml_ptr + ph * 2, mask=smask, other=-float("inf"))
-    l = tl.load(pml_ptr + ph * 2 + 1, mask=smask, other=0.0)
-    m_max = tl.max(m, axis=0)
-    w = tl.where(m > -float("inf"), tl.exp2(m - m_max), 0.0)
-    denom = tl.sum(w * l, axis=0)
-    denom = tl.where(denom > 0, denom, 1.0)
-    d = c * DC + tl.arange(0, DC)
-    dm = d < D
-    acc = tl.load(po_ptr + ph[:, None] * D + d[None, :], mask=smask[:, None] & dm[None, :], other=0.0)
-    o = tl.sum(acc * w[:, None], axis=0) / denom
-    if OUT_MEAN:
-        o = o + tl.load(vmean_ptr + (hq // GROUP) * D + d, mask=dm, other=0.0)
-    o_ptr = out_ptr + q_row.to(tl.int64) * so_t + hq * so_h + d
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        tl.store(o_ptr, f32_to_bf16_rne(o), mask=dm & has_q)
-    else:
-        tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=dm & has_q)
-
-
-@triton.jit
 def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
                   SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                   vmean_ptr=None, GROUP: tl.constexpr = 1, ROT_HB: tl.constexpr = 1,
-                  ROT_NORM: tl.constexpr = 1.0, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
-                  DC: tl.constexpr = 0):
-    """Grid (B, Hq, D_PAD // DC): program (b, hq, c) merges channels [c DC, (c + 1) DC) of one query
-    head's split partials (DC = 0: the whole row, one program per head; out @ R needs it)."""
+                  ROT_NORM: tl.constexpr = 1.0, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False):
     b = tl.program_id(0)
     hq = tl.program_id(1)
-    if DC > 0:
-        _merge_chunk(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits, b, hq, tl.program_id(2),
-                     SPLITS_PAD, D, DC, vmean_ptr, GROUP, OUT_MEAN)
-        return
     q_row = tl.load(qsl_ptr + b)
     has_q = tl.load(qsl_ptr + b + 1) > q_row
     sp = tl.arange(0, SPLITS_PAD)
@@ -569,7 +532,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
                 maxnreg: int | None = None, index64: bool | None = None, prefetch: int | None = None,
-                merge: str | None = None, merge_chunks: int | None = None) -> DecodePlan:
+                merge: str | None = None) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
@@ -676,11 +639,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
     merge_grid = merge_args = None
     if num_splits > 1 and not fused:
-        chunks = 1 if rot_args[0] else merge_d_chunks(B * Hq, d_pad, dev, merge_chunks)
-        merge_grid = (B, Hq, chunks)
+        merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, triton.next_power_of_2(num_splits)), D, d_pad]
-        merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args, d_pad // chunks if chunks > 1 else 0]
+        merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,
                       kp.fmt.rotate and not rot_q)
 
@@ -700,7 +662,6 @@ def decode_paged_attention(
     index64: bool | None = None,
     prefetch: int | None = None,
     merge: str | None = None,
-    merge_chunks: int | None = None,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -716,11 +677,10 @@ def decode_paged_attention(
     whose offsets can reach 2**31, `_needs_idx64`). prefetch: L2 prefetch distance in tiles of
     the "dot" kernel (0: none; default: `default_tile`; the CPU interpreter has no inline PTX: 0).
     merge: "auto" | "fused" | "separate": where the split merge runs (`choose_merge`; default:
-    KVPACK_DECODE_MERGE, else "auto"). merge_chunks: channel chunks per head of the separate merge
-    (`merge_d_chunks`; default: KVPACK_DECODE_MERGE_CHUNKS, else the rule).
+    KVPACK_DECODE_MERGE, else "auto").
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant, maxnreg, index64, prefetch, merge, merge_chunks)
+                       variant, maxnreg, index64, prefetch, merge)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)

@@ -152,28 +152,6 @@ def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
     return cnt
 
 
-MERGE_MIN_DC = 32  # the separate merge's smallest channel chunk per program
-
-
-def merge_d_chunks(programs: int, head_dim_pad: int, device: torch.device, chunks: int | None = None) -> int:
-    """Channel chunks per query head of the separate split merge (`_merge_kernel`'s third grid axis):
-    where fewer (sequence, query head) pairs than SMs merge (1 x 32768: 32 programs, each reading
-    128 splits x 128 channels), each pair's channels are split so that the grid covers the SMs, at
-    least MERGE_MIN_DC channels a program. `chunks`, else KVPACK_DECODE_MERGE_CHUNKS=n, forces n
-    (1: whole rows), capped at head_dim_pad / MERGE_MIN_DC."""
-    forced = chunks or os.environ.get("KVPACK_DECODE_MERGE_CHUNKS", "")
-    most = max(1, head_dim_pad // MERGE_MIN_DC)
-    if forced:
-        n = int(forced) if str(forced).isdigit() else 0
-        if n < 1 or n & (n - 1):
-            raise ConfigError(f"merge chunks {forced!r} (argument or KVPACK_DECODE_MERGE_CHUNKS) is not a power of two >= 1")
-        return min(n, most)
-    programs = max(1, programs)
-    if programs >= _sm_count(device):
-        return 1
-    return min(most, triton.next_power_of_2(triton.cdiv(_sm_count(device), programs)))
-
-
 VARIANTS = ("auto", "dot", "imma", "frag")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
