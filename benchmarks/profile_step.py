@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvpack.sampling_params import SamplingParams  # noqa: E402
 from kvpack.tools.bench_common import (  # noqa: E402
-    LenRange, add_engine_args, build_engine, parse_format_list, random_prompts, release,
+    LenRange, add_engine_args, build_engine, parse_format_list, parse_len_range, random_prompts, release,
 )
 
 
@@ -34,17 +34,18 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
     # sequences prefilled first decode while the others prefill (chunked prefill): their output must
     # last through every prefill step, or the profiled steps decode a smaller batch than asked
     # (before session 12 it lasted steps + 4 tokens: at 24 x 5400 only a few sequences were left)
+    ctx = args.context
     chunk = args.max_num_batched_tokens or (8192 if cuda else 2048)
-    out_len = -(-args.batch_size * args.context // chunk) + 2 + args.steps + 4
-    engine = build_engine(args, item, max_model_len=args.context + out_len + 8,
+    out_len = -(-args.batch_size * ctx.hi // chunk) + 2 + args.steps + 4
+    engine = build_engine(args, item, max_model_len=ctx.hi + out_len + 8,
                           enforce_eager=not args.cuda_graphs, max_num_seqs=max(args.batch_size, 1))
     try:
-        prompts = [ids for ids, _ in random_prompts(args.batch_size, LenRange(args.context, args.context),
-                                                    LenRange(1, 1), engine.model_config.vocab_size, args.seed)]
+        prompts = [ids for ids, _ in random_prompts(args.batch_size, ctx, LenRange(1, 1),
+                                                    engine.model_config.vocab_size, args.seed)]
         params = SamplingParams(temperature=0.0, max_tokens=out_len, min_tokens=out_len, ignore_eos=True)
         for j, ids in enumerate(prompts):
             engine.add_request(f"p{j}", ids, params)
-        while engine.counters["computed_tokens"] < args.batch_size * args.context:  # prefill
+        while engine.counters["computed_tokens"] < sum(map(len, prompts)):  # prefill
             engine.step()
         for _ in range(2):  # warm up the decode path
             engine.step()
@@ -115,7 +116,8 @@ def timeline(prof, steps: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_args(ap)
-    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--context", type=parse_len_range, default=LenRange(32768, 32768),
+                    help="prompt tokens per sequence: N, or LO:HI for lengths uniform in [LO, HI] (mixed batches)")
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5, help="decode steps profiled")
     ap.add_argument("--top", type=int, default=14)
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = profile_format(args, item)
         out[item] = rows
         if args.cuda_graphs and rows and "wall_us" in rows[0]:
-            print(f"\n== {item}: decode steps under CUDA graphs (context {args.context:,}, batch {args.batch_size})")
+            print(f"\n== {item}: decode steps under CUDA graphs (context {args.context}, batch {args.batch_size})")
             for r in rows:
                 if "wall_us" in r:
                     print(f"  {r['name']}: wall {r['wall_us']:8.1f} us, GPU busy {r['busy_us']:8.1f}, GPU idle "
@@ -140,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         total = sum(r["us_per_step"] for r in rows)
         print(f"\n== {item}: kernel time per decode step {total / 1000:.3f} ms "
-              f"(context {args.context:,}, batch {args.batch_size}, eager)")
+              f"(context {args.context}, batch {args.batch_size}, eager)")
         for r in rows[:args.top]:
             print(f"  {r['us_per_step']:9.1f} us  x{r['calls_per_step']:5.0f}  {r['name']}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "formats": out}, f, indent=1)
+            json.dump({"args": {**vars(args), "context": str(args.context)}, "formats": out}, f, indent=1)
     return 0
 
 
