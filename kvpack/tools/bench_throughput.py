@@ -78,6 +78,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     bar = tqdm(total=len(workload), desc=f"{engine.kv_format_name}", unit="req", mininterval=1.0,
                disable=not progress, leave=False)
     decode_s, decode_tokens, decode_steps, other_s, other_tokens = 0.0, 0, 0, 0.0, 0
+    decode_dts: list[float] = []
     while engine.has_unfinished_requests():
         computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
         s = time.perf_counter()
@@ -88,6 +89,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             decode_s += dt
             decode_tokens += n_gen
             decode_steps += 1
+            decode_dts.append(dt)
         else:
             other_s += dt
             other_tokens += n_gen
@@ -119,6 +121,8 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
         "decode_tokens": decode_tokens, "decode_steps": decode_steps,
         "mean_decode_batch": decode_tokens / decode_steps if decode_steps else None,
         "mean_decode_step_ms": _ms(decode_s / decode_steps) if decode_steps else None,
+        "decode_step_ms_p10_p50_p90_max": [_ms(percentile(decode_dts, q)) for q in (10, 50, 90)]
+                                          + [_ms(max(decode_dts, default=None) or None)],
         "other_steps": steps - decode_steps, "other_s": other_s, "other_output_tokens": other_tokens,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "peak_kv_usage": peak_used / total_blocks, "peak_running": peak_running,
