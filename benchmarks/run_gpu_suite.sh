@@ -139,6 +139,8 @@ for fmt, want in (("int8", 1.6), ("int4", 2.4)):
         cap_x = row["kv_cache_tokens"] / base["kv_cache_tokens"]
         ideal = base["elapsed_s"] / (row["elapsed_s"] - row["decode_s"] + base["decode_s"] / cap_x)
         split += f"; {ideal:.2f}x if decode scaled with its {cap_x:.2f}x capacity"
+    if row.get("triton_compiles", {}).get("count"):  # JIT compiles inside the timed run
+        split += f"; {row['triton_compiles']['count']} Triton compiles in the run ({row['triton_compiles']['seconds']:.1f} s)"
     if row.get("mean_decode_batch") and base.get("mean_decode_batch"):  # pure-decode steps: batch, step time
         split += (f"; pure-decode steps: mean batch {row['mean_decode_batch']:.0f} at {row['mean_decode_step_ms']:.1f} ms"
                   f" (bf16 {base['mean_decode_batch']:.0f} at {base['mean_decode_step_ms']:.1f} ms)")

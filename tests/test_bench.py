@@ -186,3 +186,27 @@ def test_latency_tiny(tmp_path, capsys):
     assert r["timed_steps"] == 4  # 5 outputs: 1 from the (cached) prefill step + 4 decode steps
     assert r["median_ms"] > 0 and r["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # layers, kv heads, K+V, head_dim, bf16
     assert r["all_blocks_free"] is True
+
+
+def test_triton_compile_log_listener():
+    """`TritonCompileLog` installs Triton's compilation listener for the block and restores the one
+    before; cache misses are counted and timed per kernel, hits only counted."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    from kvpack.tools.bench_common import TritonCompileLog
+
+    before = knobs.compilation.listener
+    with TritonCompileLog() as log:
+        assert knobs.compilation.listener is not before
+        lis = knobs.compilation.listener
+        lis(src=None, metadata={"name": "_decode_kernel"}, metadata_group={}, times=SimpleNamespace(total=1_500_000),
+            cache_hit=False)
+        lis(src=None, metadata={"name": "_decode_kernel"}, metadata_group={}, times=SimpleNamespace(total=500_000),
+            cache_hit=False)
+        lis(src=None, metadata={"name": "_rope_kernel"}, metadata_group={}, times=None, cache_hit=True)
+    assert knobs.compilation.listener is before
+    s = log.summary()
+    assert s["count"] == 2 and s["cache_hits"] == 1 and abs(s["seconds"] - 2.0) < 1e-9
+    assert s["by_kernel"] == {"_decode_kernel": [2, 2.0]}

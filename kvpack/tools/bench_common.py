@@ -299,6 +299,51 @@ def mean(xs: Iterable[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+class TritonCompileLog:
+    """Triton compilations while the block runs (`triton.knobs.compilation.listener`): JIT compiles
+    in the middle of a timed run are time the benchmark would charge to the workload. `summary()`:
+    {"count", "seconds", "by_kernel": {name: [count, seconds]}} of the compiles that missed Triton's
+    cache (hits load a binary: counted as "cache_hits"). Nothing is recorded where the listener is not
+    available (an older Triton) or nothing compiles (the CPU interpreter)."""
+
+    def __init__(self) -> None:
+        self.misses: list[tuple[str, float]] = []
+        self.hits = 0
+        self._knobs = None
+        self._prev = None
+
+    def _listener(self, src=None, metadata=None, metadata_group=None, times=None, cache_hit=False, **_):
+        if cache_hit:
+            self.hits += 1
+            return
+        name = (metadata or {}).get("name") or getattr(getattr(src, "fn", None), "__name__", "?")
+        self.misses.append((str(name), getattr(times, "total", 0) / 1e6))
+
+    def __enter__(self) -> "TritonCompileLog":
+        try:
+            from triton import knobs
+            self._knobs = knobs.compilation if hasattr(knobs.compilation, "listener") else None
+        except ImportError:
+            self._knobs = None
+        if self._knobs is not None:
+            self._prev = self._knobs.listener
+            self._knobs.listener = self._listener
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._knobs is not None:
+            self._knobs.listener = self._prev
+
+    def summary(self) -> dict[str, Any]:
+        by: dict[str, list] = {}
+        for name, sec in self.misses:
+            e = by.setdefault(name, [0, 0.0])
+            e[0] += 1
+            e[1] += sec
+        return {"count": len(self.misses), "seconds": sum(s for _, s in self.misses), "cache_hits": self.hits,
+                "by_kernel": by}
+
+
 def percentile(xs: Sequence[float], q: float) -> float | None:
     if not xs:
         return None
