@@ -111,3 +111,19 @@ def test_fast_metadata_equals_the_reference_build():
         assert (got.max_query_len, got.max_seq_len) == (want.max_query_len, want.max_seq_len)
         assert positions.dtype == torch.int64
         assert positions.tolist() == [p for q, s in zip(query_lens, seq_lens) for p in range(s - q, s)]
+
+
+def test_block_tables_padded_to_16_columns():
+    """Block tables are padded with zeros to a multiple of 16 columns (both builders), so their row
+    stride never changes Triton's specialization of the attention kernels between steps; the CUDA
+    graph buffers take the padded width for the longest context."""
+    from kvpack.attention.metadata import AttentionMetadata, block_table_width
+    from kvpack.engine.model_runner import build_metadata
+
+    assert [block_table_width(n) for n in (0, 1, 15, 16, 17, 544, 545)] == [16, 16, 16, 16, 32, 544, 560]
+    tables = [list(range(3)), list(range(10, 30))]
+    for md in (AttentionMetadata.build([1, 5], [40, 300], tables, 16),
+               build_metadata([1, 5], [40, 300], tables, 16)[0]):
+        assert md.block_tables.shape == (2, 32) and md.block_tables.stride(0) % 16 == 0
+        assert md.block_tables[0, :3].tolist() == [0, 1, 2] and md.block_tables[0, 3:].eq(0).all()
+        assert md.block_tables[1, :20].tolist() == list(range(10, 30)) and md.block_tables[1, 20:].eq(0).all()

@@ -32,9 +32,13 @@ def signature(fn, args: list) -> tuple[dict, dict, dict]:
     """Triton signature, constexprs and attrs of a launch's positional args. Like the JIT, integers
     equal to 1 become constexprs (a unit stride: the contiguity the vectorizer needs), pointers
     aligned to 16 bytes and integers divisible by 16 carry tt.divisibility=16 (it enables vector
-    loads, so the AOT code is the code that runs)."""
+    loads, so the AOT code is the code that runs); integers the kernel marks do_not_specialize stay plain."""
     sig, consts, attrs = {}, {}, {}
+    plain = set(getattr(fn, "do_not_specialize", None) or ())  # names (or indices) the JIT leaves as they are
     for i, (name, a) in enumerate(zip(fn.arg_names, args)):
+        if (name in plain or i in plain) and type(a) is int:
+            sig[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+            continue
         if i in fn.constexprs or a is None or (type(a) is int and a == 1):
             # None and integers equal to 1: the JIT specializes them as constexprs too
             sig[name], consts[name] = "constexpr", a

@@ -23,6 +23,15 @@ WORKSPACE_TOKENS_ENV = "KVPACK_PREFILL_WORKSPACE_TOKENS"
 WORKSPACE_MAX_TOKENS = 32768  # cap on the workspace (tokens of one layer's K and V, all kv heads)
 WORKSPACE_TILE_TOKENS = 32  # query tokens per prefill program (128 rows at GQA 4)
 WORKSPACE_MIN_REUSE = 8  # query tiles per KV block, on average, for the workspace to pay off
+BLOCK_TABLE_ALIGN = 16  # block-table columns padded to a multiple of this (see `block_table_width`)
+
+
+def block_table_width(max_blocks: int) -> int:
+    """Columns of a batch's block table: its longest table, padded with zeros to a multiple of
+    BLOCK_TABLE_ALIGN. Triton specializes a kernel on whether an integer argument is a multiple of 16;
+    the tables' row stride, left to vary with the batch, made the attention kernels compile again in
+    the middle of a run (`benchmarks/probe_specializations.py`)."""
+    return -(-max(int(max_blocks), 1) // BLOCK_TABLE_ALIGN) * BLOCK_TABLE_ALIGN
 
 
 def workspace_max_tokens() -> int:
@@ -100,7 +109,7 @@ class AttentionMetadata:
                      -1 means "write nothing" (padding tokens, e.g. in CUDA graphs).
     query_start_loc: [B + 1] int32, cumulative query lengths, query_start_loc[0] == 0.
     seq_lens:        [B] int32, context length of each sequence after this step.
-    block_tables:    [B, max_blocks_per_seq] int32, physical block ids, padded with 0.
+    block_tables:    [B, W] int32, physical block ids, padded with 0 to W = `block_table_width` (a multiple of 16).
     max_query_len / max_seq_len: Python ints, the maxima of the above (for kernel grids).
     workspace:       a `PrefillWorkspace` (the prefill kernel then reads quantized caches through a
                      float16 copy), or None.
@@ -164,7 +173,7 @@ class AttentionMetadata:
             assert 0 < q <= s, (q, s)
             for pos in range(s - q, s):
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
-        max_blocks = max((len(t) for t in block_tables), default=1) or 1
+        max_blocks = block_table_width(max((len(t) for t in block_tables), default=1))
         bt = torch.zeros(len(block_tables), max_blocks, dtype=torch.int32)
         for i, t in enumerate(block_tables):
             if t:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpack.attention.metadata import AttentionMetadata
+from kvpack.attention.metadata import AttentionMetadata, block_table_width
 from kvpack.engine.model_runner import ModelRunner, register_model_runner
 
 logger = logging.getLogger("kvpack")
@@ -143,7 +143,7 @@ class CUDAGraphModelRunner(ModelRunner):
         t0 = time.perf_counter()
         self.sizes = capture_sizes(self.max_num_seqs, self.max_num_batched_tokens)
         n = self.sizes[-1]
-        max_blocks = -(-self.max_model_len // self.block_size)
+        max_blocks = block_table_width(-(-self.max_model_len // self.block_size))  # as build_metadata pads
         hidden_size = self.model.config.hidden_size
         self.buffers = GraphBuffers.allocate(n, max_blocks, hidden_size, self.model.dtype, self.device)
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count

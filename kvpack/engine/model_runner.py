@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from kvpack.attention.kv_cache import KVCache
-from kvpack.attention.metadata import AttentionMetadata, PrefillWorkspace, split_leading_decodes
+from kvpack.attention.metadata import (
+    AttentionMetadata, PrefillWorkspace, block_table_width, split_leading_decodes,
+)
 from kvpack.engine.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
 from kvpack.engine.scheduler import ScheduledBatch
 from kvpack.engine.sequence import PLACEHOLDER
@@ -187,7 +189,7 @@ def build_metadata(
     tokens: ~2 ms instead of ~17 ms per step)."""
     b = len(query_lens)
     lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=b)
-    max_blocks = max(int(lens.max(initial=0)), 1)
+    max_blocks = block_table_width(lens.max(initial=0))
     flat = np.fromiter(itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(lens.sum()))
     tables = np.zeros((b, max_blocks), dtype=np.int32)
     tables[np.arange(max_blocks)[None, :] < lens[:, None]] = flat  # row-major, like the lists

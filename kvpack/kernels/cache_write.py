@@ -171,7 +171,9 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
             tl.store(c_ptrs, code, mask=dm)
 
 
-@triton.jit
+# T varies step by step: not specialized (equal to 1 / a multiple of 16 would each compile another
+# variant in the middle of a run; it only bounds the token mask)
+@triton.jit(do_not_specialize=["T"])
 def _cache_write_kernel(
     k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, slot_ptr, T,
     kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,

@@ -136,21 +136,27 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else 1000.0 * x
 
 
+def warmup_workload(args: argparse.Namespace, engine: Any) -> list[tuple[list[int], int]]:
+    """The untimed requests before a run: `--warmup-requests` short prompts (16-512 tokens, 4 out), and
+    where inputs run longer, two prompts of the longest input: chunks onto a cached prefix and mixed
+    steps (decode rows beside a chunk) compile their kernel variants here, not inside the timed run
+    (`benchmarks/probe_specializations.py` checks that on CPU)."""
+    lo, out = min(16, args.input_len.lo), min(4, args.output_len.lo)
+    vocab = engine.model_config.vocab_size
+    warm = random_prompts(args.warmup_requests, LenRange(lo, max(lo, min(512, args.input_len.hi))),
+                          LenRange(out, out), vocab, args.seed + 1)
+    if args.input_len.hi > 512:
+        n = min(args.input_len.hi, engine.max_model_len - out)
+        warm += random_prompts(2, LenRange(n, n), LenRange(out, out), vocab, args.seed + 2)
+    return warm
+
+
 def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None) -> dict[str, Any]:
     engine = build_engine(args, item, max_model_len=max_model_len)
     try:
         info = engine.kv_cache_info()
         if args.warmup_requests > 0:
-            lo, out = min(16, args.input_len.lo), min(4, args.output_len.lo)
-            warm = random_prompts(args.warmup_requests, LenRange(lo, max(lo, min(512, args.input_len.hi))),
-                                  LenRange(out, out), engine.model_config.vocab_size, args.seed + 1)
-            if args.input_len.hi > 512:
-                # + two prompts of the longest input: chunks onto a cached prefix and mixed steps (decode
-                # rows beside a chunk) compile their kernel variants here, not inside the timed run
-                n = min(args.input_len.hi, info["max_model_len"] - out)
-                warm += random_prompts(2, LenRange(n, n), LenRange(out, out), engine.model_config.vocab_size,
-                                       args.seed + 2)
-            run_requests(engine, warm, args.temperature, prefix="warmup", progress=False)
+            run_requests(engine, warmup_workload(args, engine), args.temperature, prefix="warmup", progress=False)
         row = {"kv_cache_dtype": item, "kv_cache_tokens": info["num_tokens"],
                "kv_bytes_per_token": info["bytes_per_token"], "kv_cache_gib": info["gib"],
                "num_blocks": info["num_blocks"], "max_model_len": info["max_model_len"],
