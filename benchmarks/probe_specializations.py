@@ -41,8 +41,9 @@ def spec_key(fn, args: tuple, kwargs: dict) -> tuple:
     if id(fn) not in _SIGS:
         sig = inspect.signature(fn.fn)
         const = {n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation)}
-        _SIGS[id(fn)] = (sig, const)
-    sig, const = _SIGS[id(fn)]
+        plain = set(getattr(fn, "kwargs", {}).get("do_not_specialize") or ())  # `@triton.jit(do_not_specialize=...)`
+        _SIGS[id(fn)] = (sig, const, plain)
+    sig, const, plain = _SIGS[id(fn)]
     names = set(sig.parameters)
     bound = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in names})
     bound.apply_defaults()
@@ -54,7 +55,7 @@ def spec_key(fn, args: tuple, kwargs: dict) -> tuple:
             spec.append((name, "i1"))
         elif isinstance(v, int):
             width = "i32" if -2**31 <= v < 2**31 else "i64"
-            spec.append((name, width, "1" if v == 1 else "D16" if v % 16 == 0 else "-"))
+            spec.append((name, width) if name in plain else (name, width, "1" if v == 1 else "D16" if v % 16 == 0 else "-"))
         elif isinstance(v, float):
             spec.append((name, "fp32"))
         elif isinstance(v, torch.Tensor):
