@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvpack.attention.kv_cache import allocate_kv_cache
-from kvpack.attention.metadata import AttentionMetadata
+from kvpack.attention.metadata import AttentionMetadata, block_table_width
 from kvpack.config import CacheConfig
 from kvpack.engine.cuda_graph import (
     CUDAGraphModelRunner, GraphBuffers, capture_sizes, context_buckets, padded_size,
@@ -48,7 +48,7 @@ def test_context_buckets():
 
 
 def test_buffers_padding_rows():
-    buf = GraphBuffers.allocate(8, 6, 4, torch.float32, torch.device("cpu"))
+    buf = GraphBuffers.allocate(8, block_table_width(6), 4, torch.float32, torch.device("cpu"))  # as the runner does
     big = AttentionMetadata.build([1] * 8, [5] * 8, [[7, 8]] * 8, 4)
     buf.load(torch.arange(8), torch.full((8,), 4), big, 8)  # a previous, larger batch
     md = AttentionMetadata.build([1, 1, 1], [3, 9, 1], [[2], [4, 5, 6], [9]], 4)
@@ -60,7 +60,7 @@ def test_buffers_padding_rows():
     assert buf.query_start_loc.tolist() == list(range(9))
     gmd = buf.metadata(4, 24)
     assert gmd.num_seqs == 4 and gmd.is_pure_decode and gmd.max_seq_len == 24
-    assert gmd.block_tables.shape == (4, 6)
+    assert gmd.block_tables.shape == (4, 16)
 
 
 def test_runner_selection_and_cpu_fallback():
