@@ -78,26 +78,30 @@ def make_cache(fmt_name: str, shape: Shape, num_blocks: int, device) -> LayerKVC
     return LayerKVCache(pool(), pool())
 
 
-def make_case(fmt_name: str, shape: Shape, device, gen: torch.Generator):
-    """Cache filled through the Triton write (random K/V), random block tables, decode metadata, q."""
+def make_case(fmt_name: str, shape: Shape, device, gen: torch.Generator, lens: list[int] | None = None):
+    """Cache filled through the Triton write (random K/V), random block tables, decode metadata, q:
+    shape.batch sequences of shape.context tokens, or sequences of `lens` tokens (mixed lengths)."""
     from kvpack.kernels import write_kv
 
-    bpseq = shape.context // shape.block_size
-    num_blocks = shape.batch * bpseq + 1
+    bs = shape.block_size
+    lens = lens or [shape.context] * shape.batch
+    nblk = [(n + bs - 1) // bs for n in lens]
+    num_blocks = sum(nblk) + 1
     lc = make_cache(fmt_name, shape, num_blocks, device)
-    perm = torch.randperm(num_blocks, generator=gen)[: shape.batch * bpseq].view(shape.batch, bpseq)
-    tables = perm.tolist()
-    T = shape.batch * shape.context
-    pos = torch.arange(shape.context)
-    slots = (perm[:, pos // shape.block_size] * shape.block_size + pos % shape.block_size).reshape(-1)
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables, at = [], 0
+    for m in nblk:
+        tables.append(perm[at:at + m])
+        at += m
+    slots = torch.cat([t[torch.arange(n) // bs] * bs + torch.arange(n) % bs for t, n in zip(tables, lens)])
+    T = len(slots)
     for lo in range(0, T, 1 << 17):  # fill in chunks: bounded temporary memory
         hi = min(T, lo + (1 << 17))
         k = torch.randn(hi - lo, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
         v = torch.randn(hi - lo, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
         write_kv(k, v, lc, slots[lo:hi].to(device))
-    meta = AttentionMetadata.build([1] * shape.batch, [shape.context] * shape.batch, tables,
-                                   shape.block_size, device=device)
-    q = torch.randn(shape.batch, shape.hq, shape.head_dim, device=device, dtype=torch.bfloat16)
+    meta = AttentionMetadata.build([1] * len(lens), lens, [t.tolist() for t in tables], bs, device=device)
+    q = torch.randn(len(lens), shape.hq, shape.head_dim, device=device, dtype=torch.bfloat16)
     return lc, meta, q
 
 

@@ -25,34 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import Shape, environment, kv_bytes, make_cache, time_graph  # noqa: E402
-from kvpack.attention import AttentionMetadata  # noqa: E402
-
-
-def make_varlen_case(fmt_name: str, lens: list[int], shape: Shape, device, gen: torch.Generator):
-    """Pools filled through the Triton write for sequences of `lens` tokens, random block tables."""
-    from kvpack.kernels import write_kv
-
-    bs = shape.block_size
-    nblk = [(n + bs - 1) // bs for n in lens]
-    num_blocks = sum(nblk) + 1
-    lc = make_cache(fmt_name, shape, num_blocks, device)
-    perm = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, at = [], 0
-    for n in nblk:
-        tables.append(perm[at:at + n])
-        at += n
-    slots = torch.cat([torch.tensor(t, dtype=torch.int64).repeat_interleave(bs)[:n] * bs + torch.arange(n) % bs
-                       for t, n in zip(tables, lens)])
-    T = len(slots)
-    for lo in range(0, T, 1 << 17):
-        hi = min(T, lo + (1 << 17))
-        k = torch.randn(hi - lo, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
-        v = torch.randn(hi - lo, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
-        write_kv(k, v, lc, slots[lo:hi].to(device))
-    meta = AttentionMetadata.build([1] * len(lens), lens, tables, bs, device=device)
-    q = torch.randn(len(lens), shape.hq, shape.head_dim, device=device, dtype=torch.bfloat16)
-    return lc, meta, q
+from benchmarks.bench_attention import Shape, environment, kv_bytes, make_case, time_graph  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         lens = torch.randint(args.lo, args.hi + 1, (int(b),), generator=gen).tolist()
         mean_len = sum(lens) // len(lens)
         for kind, ls in (("mixed", lens), ("uniform", [mean_len] * len(lens))):
-            lc, meta, q = make_varlen_case(fmt_name, ls, shape, dev, gen)
+            lc, meta, q = make_case(fmt_name, shape, dev, gen, ls)
             meta = dataclasses.replace(meta, max_seq_len=max(args.bucket, max(ls)))  # as a captured graph plans
             nbytes = kv_bytes(lc, dataclasses.replace(shape, batch=1, context=sum(ls)))
             ref = None

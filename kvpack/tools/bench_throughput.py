@@ -77,8 +77,8 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     ttft, tpot, n_out = [], [], 0
     bar = tqdm(total=len(workload), desc=f"{engine.kv_format_name}", unit="req", mininterval=1.0,
                disable=not progress, leave=False)
-    decode_s, decode_tokens, decode_steps, other_s, other_tokens = 0.0, 0, 0, 0.0, 0
-    decode_dts: list[float] = []
+    decode_tokens, other_s, other_tokens = 0, 0.0, 0
+    decode_dts: list[float] = []  # each pure-decode step's seconds
     with TritonCompileLog() as compiles:  # a JIT compile inside the timed run is charged to it: logged
         while engine.has_unfinished_requests():
             computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
@@ -87,9 +87,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             dt = time.perf_counter() - s
             n_gen = engine.counters["generation_tokens"] - generated
             if n_gen and engine.counters["computed_tokens"] - computed == n_gen:  # a pure-decode step
-                decode_s += dt
                 decode_tokens += n_gen
-                decode_steps += 1
                 decode_dts.append(dt)
             else:
                 other_s += dt
@@ -109,6 +107,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
                 bar.update(1)
     elapsed = time.time() - t0
     bar.close()
+    decode_s, decode_steps = sum(decode_dts), len(decode_dts)
     after = engine.stats()
     n_in = sum(len(ids) for ids, _ in workload)
     return {
@@ -123,7 +122,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
         "mean_decode_batch": decode_tokens / decode_steps if decode_steps else None,
         "mean_decode_step_ms": _ms(decode_s / decode_steps) if decode_steps else None,
         "decode_step_ms_p10_p50_p90_max": [_ms(percentile(decode_dts, q)) for q in (10, 50, 90)]
-                                          + [_ms(max(decode_dts, default=None) or None)],
+                                          + [_ms(max(decode_dts)) if decode_dts else None],
         "other_steps": steps - decode_steps, "other_s": other_s, "other_output_tokens": other_tokens,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "triton_compiles": compiles.summary(),
