@@ -71,7 +71,7 @@ step short 170 "$PY" -m kvpack bench throughput --model "$MODEL" --dtype "$DTYPE
 
 step kv_bound "${KV_BOUND_CAP:-260}" "$PY" -m kvpack bench throughput --model "$MODEL" --dtype "$DTYPE" --num-prompts "$KV_REQUESTS" \
   --input-len "$KV_IN" --output-len "$KV_OUT" --kv-cache-memory "$KV_BUDGET" --kv-cache-dtype "$KV_FORMATS" \
-  --output-json "$W/throughput_kv.json"
+  --output-json "$W/throughput_kv.json" ${STEP_LOG:+--step-log "$STEP_LOG"}
 
 # the gpu-marked tests (Triton compiles dominate: spread over 4 workers when pytest-xdist is there);
 # TESTS=0 skips them (when they ran in another call: the suite alone then fits in one 10-minute call)

@@ -112,7 +112,7 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
     argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
             "--num-prompts", "6", "--input-len", "30:32", "--output-len", "4:6", "--num-blocks", "8",
             "--kv-cache-dtype", "bfloat16,int8", "--warmup-requests", "1", "--seed", "3",
-            "--output-json", str(path)]
+            "--output-json", str(path), "--step-log", str(tmp_path / "steps")]
     rc, out, _ = _run(capsys, argv)
     assert rc == 0
     assert "output tok/s" in out and "| bfloat16 |" in out and "|     int8 |" in out
@@ -128,6 +128,16 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
         assert r["preemptions"] > 0  # 4 of 6 prompts fill 8 blocks; decoding past 32 tokens evicts one
         assert 0 < r["peak_kv_usage"] <= 1 and r["mean_ttft_ms"] > 0 and r["mean_tpot_ms"] > 0
         assert 0 < r["decode_tokens"] < n_out and r["decode_s"] < r["elapsed_s"]  # first tokens come from prefill
+        # the step log (--step-log): one row per timed step, agreeing with the run's own totals
+        lines = (tmp_path / f"steps_{r['kv_cache_dtype']}.tsv").read_text().splitlines()
+        cols = lines[0].split("\t")
+        rows = [dict(zip(cols, map(float, line.split("\t")))) for line in lines[1:]]
+        assert len(rows) == r["steps"] and [x["step"] for x in rows] == list(range(r["steps"]))
+        assert sum(x["generated"] for x in rows) == n_out and sum(x["computed"] for x in rows) >= n_in
+        pure = [x for x in rows if x["pure_decode"]]
+        assert len(pure) == r["decode_steps"] and sum(x["generated"] for x in pure) == r["decode_tokens"]
+        assert sum(x["ms"] for x in pure) == pytest.approx(1000 * r["decode_s"], rel=1e-3, abs=0.05)
+        assert rows[-1]["next_tokens"] == 0 and rows[-1]["running"] == 0 and rows[-1]["waiting"] == 0
     assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0 and payload["complete"] is True
 
 

@@ -52,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "median run and the spread of output tok/s (default 1)")
     p.add_argument("--warmup-requests", type=int, default=2,
                    help="short requests run before timing, per format (default 2)")
+    p.add_argument("--step-log", default=None, metavar="PREFIX",
+                   help="write every timed step to PREFIX_<format>.tsv: its seconds, the tokens of the step "
+                        "waited for and of the one launched behind it, running / waiting sequences, JIT "
+                        "compiles so far (to see which steps a slow one sits between)")
 
 
 def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any,
@@ -63,9 +67,15 @@ def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any,
     return random_prompts(args.num_prompts, args.input_len, args.output_len, model_config.vocab_size, seed)
 
 
+STEP_LOG_COLUMNS = ("step", "ms", "computed", "generated", "pure_decode", "next_tokens", "next_seqs",
+                    "running", "waiting", "compiles")
+
+
 def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature: float = 0.0,
-                 prefix: str = "req", progress: bool = True) -> dict[str, Any]:
-    """Queue every request at once, step until done; timings and KV figures of the run."""
+                 prefix: str = "req", progress: bool = True, step_log: list | None = None) -> dict[str, Any]:
+    """Queue every request at once, step until done; timings and KV figures of the run. `step_log`: a
+    list that gets one tuple per step (`STEP_LOG_COLUMNS`; the step launched behind the one waited for
+    is `next_*`, under async scheduling its host work is inside `ms`)."""
     before = engine.stats()
     t0 = time.time()
     for i, (ids, out_len) in enumerate(workload):
@@ -86,12 +96,20 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             outputs = engine.step()
             dt = time.perf_counter() - s
             n_gen = engine.counters["generation_tokens"] - generated
-            if n_gen and engine.counters["computed_tokens"] - computed == n_gen:  # a pure-decode step
+            n_comp = engine.counters["computed_tokens"] - computed
+            pure = bool(n_gen) and n_comp == n_gen  # a pure-decode step
+            if pure:
                 decode_tokens += n_gen
                 decode_dts.append(dt)
             else:
                 other_s += dt
                 other_tokens += n_gen
+            if step_log is not None:
+                nxt = getattr(engine, "_inflight", None)
+                step_log.append((steps, round(dt * 1000, 3), n_comp, n_gen, int(pure),
+                                 nxt[0].num_tokens if nxt else 0, len(nxt[0]) if nxt else 0,
+                                 len(engine.scheduler.running), len(engine.scheduler.waiting),
+                                 len(compiles.misses)))
             steps += 1
             peak_used = max(peak_used, total_blocks - engine.num_free_blocks)
             peak_running = max(peak_running, len(engine.scheduler.running))
@@ -131,6 +149,12 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     }
 
 
+def write_step_log(path: str, rows: list[tuple]) -> None:
+    with open(path, "w") as f:
+        f.write("\t".join(STEP_LOG_COLUMNS) + "\n")
+        f.writelines("\t".join(map(str, r)) + "\n" for r in rows)
+
+
 def _ms(x: float | None) -> float | None:
     return None if x is None else 1000.0 * x
 
@@ -163,7 +187,10 @@ def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None)
         runs = []
         for r in range(args.repeats):  # new prompts each time: no prefix-cache hits between runs
             workload = make_workload(args, engine.model_config, engine.tokenizer, args.seed + r)
-            runs.append(run_requests(engine, workload, args.temperature, prefix=f"run{r}"))
+            log = [] if getattr(args, "step_log", None) else None
+            runs.append(run_requests(engine, workload, args.temperature, prefix=f"run{r}", step_log=log))
+            if log is not None:
+                write_step_log(f"{args.step_log}_{item}" + (f"_run{r}" if args.repeats > 1 else "") + ".tsv", log)
         ordered = sorted(runs, key=lambda x: x["output_tok_s"])
         row.update(ordered[(len(runs) - 1) // 2])  # the median run (the lower one of an even count)
         row["all_blocks_free"] = all(x["all_blocks_free"] for x in runs)
