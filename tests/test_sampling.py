@@ -120,6 +120,20 @@ def test_banned_ids_are_never_sampled():
     params = [SamplingParams(temperature=0), SamplingParams(temperature=2.0), SamplingParams(temperature=0)]
     out = Sampler()(logits, batch_of(params, banned=[[4], [4, 5], []]))
     assert out.token_ids[0] != 4 and out.token_ids[1] not in (4, 5) and out.token_ids[2] == 4
+    assert logits[:, 4].eq(10.0).all() and logits.sum() == 30.0  # the caller's logits are left alone
+
+
+def test_banned_ids_greedy_takes_the_best_allowed():
+    """Greedy rows with banned ids take the argmax of the rest (each row its own ids; the oracle masks
+    row by row)."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 40)
+    banned = [[int(logits[0].argmax())], [], logits[2].topk(3).indices.tolist(), [0, 1, 2], [39]]
+    ref = logits.clone()
+    for i, ids in enumerate(banned):
+        ref[i, ids] = float("-inf")
+    out = Sampler()(logits, batch_of([SamplingParams(temperature=0)] * 5, banned=banned))
+    assert out.token_ids == ref.argmax(-1).tolist()
 
 
 def test_logprobs_of_chosen_and_top_n():

@@ -78,11 +78,13 @@ class Sampler:
         params = batch.params
         assert len(params) == B == len(batch.generators)
         logits = logits.float()
-        if batch.banned_ids and any(batch.banned_ids):
-            logits = logits.clone()
-            for i, ids in enumerate(batch.banned_ids):
-                if ids:
-                    logits[i, torch.tensor(ids, device=logits.device)] = float("-inf")
+        if batch.banned_ids and any(batch.banned_ids):  # one scatter for the batch (each row's own ids)
+            rows = [i for i, ids in enumerate(batch.banned_ids) for _ in ids]
+            cols = [t for ids in batch.banned_ids for t in ids]
+            where = torch.tensor([rows, cols], dtype=torch.int64)
+            if logits.is_cuda:
+                where = where.pin_memory().to(logits.device, non_blocking=True)
+            logits = logits.index_put((where[0], where[1]), torch.tensor(float("-inf"), device=logits.device))
 
         greedy = [p.greedy for p in params]
         if all(greedy):
