@@ -80,6 +80,44 @@ def test_runner_selection_and_cpu_fallback():
     assert runner.num_replays == 0
 
 
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
+def test_warmup_eager_writes_nothing(fmt):
+    """`warmup_eager` (run before serving on CUDA) runs its dummy prefill and mixed batches through the
+    model, decode rows split off, and leaves every byte of the cache as it was (slot -1). On CPU a
+    plain `warmup()` runs none of them."""
+    loaded = load_model("tiny-llama", dtype="float32", device="cpu")
+    kv = allocate_kv_cache(loaded.model_config, CacheConfig(kv_cache_dtype=fmt), 12, "cpu", torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    for layer in kv.layers:
+        for pool in (layer.k, layer.v):
+            for t in (pool.codes, pool.scales, pool.zeros):
+                if t is not None:
+                    t.copy_(torch.randint(0, 100, t.shape, generator=gen).to(t.dtype))
+    before = [t.clone() for layer in kv.layers for pool in (layer.k, layer.v)
+              for t in (pool.codes, pool.scales, pool.zeros) if t is not None]
+    runner = CUDAGraphModelRunner(loaded.model, kv, "cpu", Sampler(), (), max_num_seqs=8,
+                                  max_num_batched_tokens=64, max_model_len=300)
+    seen = []
+    real = loaded.model.forward
+
+    def spy(ids, pos, cache, md):
+        seen.append((ids.shape[0], md.max_query_len, md.max_seq_len, md.decode_split is not None))
+        return real(ids, pos, cache, md)
+
+    loaded.model.forward = spy
+    try:
+        runner.warmup()  # CPU: nothing
+        assert seen == []
+        assert runner.warmup_eager(force=True) == 4
+    finally:
+        del loaded.model.forward
+    # context min(max_model_len, 4096) = 300; chunks min(2048, 64 - 4 decodes) = 60 and 60
+    assert seen == [(60, 60, 300, False), (60, 60, 300, False), (64, 60, 300, True), (64, 60, 300, True)]
+    after = [t for layer in kv.layers for pool in (layer.k, layer.v)
+             for t in (pool.codes, pool.scales, pool.zeros) if t is not None]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
 # ---- GPU ------------------------------------------------------------------------------------------
 
 def _prefill(model, kv, lens, tables, block_size, gen):

@@ -136,6 +136,7 @@ class CUDAGraphModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def warmup(self) -> None:
+        self.warmup_eager()  # prefill and mixed steps run eagerly: their kernels compile here too
         why = self._capturable()
         if why is not None:
             logger.info("CUDA graphs off: %s", why)

@@ -32,6 +32,12 @@ from kvpack.engine.sampler import PendingSample, Sampler, SamplerOutput, Samplin
 from kvpack.engine.scheduler import ScheduledBatch
 from kvpack.engine.sequence import PLACEHOLDER
 
+# `ModelRunner.warmup_eager`: its dummy batches' context, chunk lengths and decode rows
+EAGER_WARMUP_CONTEXT = 4096
+EAGER_WARMUP_LONG_CHUNK = 2048
+EAGER_WARMUP_SHORT_CHUNK = 64
+EAGER_WARMUP_DECODES = 4
+
 
 @dataclass
 class ModelInputs:
@@ -78,7 +84,44 @@ class ModelRunner:
         self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 4096))
 
     def warmup(self) -> None:
-        """Hook for subclasses (e.g. CUDA graph capture); nothing to do eagerly."""
+        """Before serving: compile the eager steps' kernels (`warmup_eager`). Subclasses add to it
+        (e.g. CUDA graph capture)."""
+        self.warmup_eager()
+
+    @torch.inference_mode()
+    def warmup_eager(self, force: bool = False) -> int:
+        """Run the model once on each of a few dummy prefill and mixed batches that write nothing
+        (slot -1), so that the Triton kernel variants they take are compiled now, not in the middle
+        of a request (2-3 s each on an H200: a timed KV-bound run met three, `bench throughput`'s
+        `triton_compiles`). The batches: a long chunk on a cached prefix (quantized caches read it
+        through the prefill workspace), a short chunk on a long prefix (they dequantize in the
+        kernel), and each beside decode rows (the decode kernel on the leading rows). Only on CUDA
+        (`force`: anywhere, for tests); the tables point at any blocks, whose contents are not
+        read into anything kept. Returns the number of batches run."""
+        if self.device.type != "cuda" and not force:
+            return 0
+        bs, nblocks = self.block_size, self.kv_cache.num_blocks
+        ctx = min(self.max_model_len, EAGER_WARMUP_CONTEXT)
+        long_q = max(2, min(EAGER_WARMUP_LONG_CHUNK, self.max_num_batched_tokens - EAGER_WARMUP_DECODES, ctx))
+        short_q = max(2, min(EAGER_WARMUP_SHORT_CHUNK, long_q))
+        batches = [([long_q], [ctx]), ([short_q], [ctx]),
+                   ([1] * EAGER_WARMUP_DECODES + [short_q], [ctx] * (EAGER_WARMUP_DECODES + 1)),
+                   ([1] * EAGER_WARMUP_DECODES + [long_q], [ctx] * (EAGER_WARMUP_DECODES + 1))]
+        for query_lens, seq_lens in batches:
+            first = 0
+            tables = []
+            for n in seq_lens:
+                k = -(-n // bs)
+                tables.append([(first + j) % nblocks for j in range(k)])
+                first += k
+            metadata, positions = build_metadata(query_lens, seq_lens, tables, bs, self.device)
+            for md in (metadata, *(metadata.decode_split or ())):
+                md.slot_mapping.fill_(-1)  # write nothing
+            ids = torch.zeros(sum(query_lens), dtype=torch.int64, device=self.device)
+            self.model(ids, positions, self.kv_cache, metadata)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return len(batches)
 
     def prepare_inputs(self, batch: ScheduledBatch, prev: "PendingRunnerOutput | None" = None) -> ModelInputs:
         """`prev`: the step launched before this one, whose sampled tokens are this step's inputs
