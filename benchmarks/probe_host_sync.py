@@ -149,6 +149,54 @@ def probe(args, item: str) -> dict:
         release(engine)
 
 
+def enqueue(args, item: str) -> dict:
+    """Host time to enqueue one eager forward pass (a chunk of N tokens on a prefix, writing nothing),
+    for each N of --enqueue, twice in a row (the second meets every per-shape cache warm), against the
+    device time of the same pass; and the same for a lone `torch.mm` of the model's MLP shape."""
+    from kvpack.engine.model_runner import build_metadata
+
+    engine = build_engine(args, item, max_model_len=args.input_len.hi + args.output_len.hi)
+    try:
+        runner, dev = engine.model_runner, engine.device
+        bs, nblocks = runner.block_size, runner.kv_cache.num_blocks
+        res = []
+        for n in args.enqueue:
+            ctx = min(runner.max_model_len, n + args.enqueue_prefix)
+            table = [j % nblocks for j in range(-(-ctx // bs))]
+            for rep in range(2):
+                md, pos = build_metadata([n], [ctx], [table], bs, dev)
+                md.slot_mapping.fill_(-1)
+                ids = torch.zeros(n, dtype=torch.int64, device=dev)
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t = time.perf_counter()
+                a.record()
+                with torch.inference_mode():
+                    runner.model(ids, pos, runner.kv_cache, md)
+                host = time.perf_counter() - t
+                b.record()
+                torch.cuda.synchronize()
+                res.append({"tokens": n, "rep": rep, "host_ms": host * 1000, "device_ms": a.elapsed_time(b)})
+                print(f"  {item} forward of {n} tokens on {ctx - n} cached: host enqueue {host * 1000:7.2f} ms, "
+                      f"device {a.elapsed_time(b):7.2f} ms" + (" (again)" if rep else ""), flush=True)
+        cfg = engine.model_config
+        w = torch.randn(cfg.intermediate_size * 2, cfg.hidden_size, dtype=torch.bfloat16, device=dev)
+        for n in args.enqueue:
+            x = torch.randn(n, cfg.hidden_size, dtype=torch.bfloat16, device=dev)
+            for rep in range(2):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                host = time.perf_counter() - t
+                torch.cuda.synchronize()
+                res.append({"tokens": n, "rep": rep, "mm_host_ms": host * 1000})
+                print(f"  linear [{n}, {cfg.hidden_size}] x [{cfg.hidden_size}, {w.shape[0]}]: host {host * 1000:6.3f} ms"
+                      + (" (again)" if rep else ""), flush=True)
+        return {"enqueue": res}
+    finally:
+        release(engine)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_args(ap)
@@ -160,8 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=8, help="longest CPU events listed per slow step")
     ap.add_argument("--depth", type=int, default=4, help="kvpack frames shown per call site")
     ap.add_argument("--out", default=None, help="JSON of the results per format")
+    ap.add_argument("--enqueue", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                    help="instead of the run: host time to enqueue eager forward passes of these token counts")
+    ap.add_argument("--enqueue-prefix", type=int, default=2048, help="cached tokens before each --enqueue chunk")
     args = ap.parse_args(argv)
-    out = {item: probe(args, item) for item in parse_format_list(args.kv_cache_dtype)}
+    what = enqueue if args.enqueue else probe
+    out = {item: what(args, item) for item in parse_format_list(args.kv_cache_dtype)}
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": {**vars(args), "input_len": str(args.input_len), "output_len": str(args.output_len)},

@@ -136,6 +136,10 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
         assert sum(x["generated"] for x in rows) == n_out and sum(x["computed"] for x in rows) >= n_in
         pure = [x for x in rows if x["pure_decode"]]
         assert len(pure) == r["decode_steps"] and sum(x["generated"] for x in pure) == r["decode_tokens"]
+        # pure decode: the waited batch decode-only, and the launched one too (or none)
+        assert all(x["computed"] == x["generated"] > 0 and x["next_tokens"] == x["next_seqs"] for x in pure)
+        assert not any(x["computed"] == x["generated"] > 0 and x["next_tokens"] == x["next_seqs"]
+                       for x in rows if not x["pure_decode"])
         assert sum(x["ms"] for x in pure) == pytest.approx(1000 * r["decode_s"], rel=1e-3, abs=0.05)
         assert rows[-1]["next_tokens"] == 0 and rows[-1]["running"] == 0 and rows[-1]["waiting"] == 0
     assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0 and payload["complete"] is True

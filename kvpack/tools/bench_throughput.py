@@ -6,7 +6,10 @@ lines of `--dataset`), the same weights and the same KV budget. Reported per for
 output tokens/s, total tokens/s, TTFT and TPOT means (TTFT counts the queueing from t0), preemptions,
 peak KV usage, a check that every block is free at the end, and the decode-phase rate (tokens of
 pure-decode steps / their time), which shows the concurrency a format buys without the prefill time
-that output tok/s also counts. `--repeats N` times N runs per format on fresh prompts (seeds
+that output tok/s also counts. A step is pure decode when the batch it waits for and the batch it
+launches behind it (async scheduling / output processing) are decode-only: a step that launches a
+prefill chunk spends the chunk's host work (an eager forward pass, ~50 ms for Llama-8B) inside its
+own time, which before session 13 was counted as decode (H200: 11.7 instead of 9.3 ms per bf16 step). `--repeats N` times N runs per format on fresh prompts (seeds
 seed, seed+1, ...): the row is the median run by output tok/s, with every run's output and decode
 tok/s and their spread ((max - min) / median) beside it, so a ratio can be read against the noise.
 
@@ -97,7 +100,9 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             dt = time.perf_counter() - s
             n_gen = engine.counters["generation_tokens"] - generated
             n_comp = engine.counters["computed_tokens"] - computed
-            pure = bool(n_gen) and n_comp == n_gen  # a pure-decode step
+            nxt = getattr(engine, "_inflight", None)  # the batch launched behind the one waited for
+            launched_decode = nxt is None or nxt[0].num_tokens == len(nxt[0])
+            pure = bool(n_gen) and n_comp == n_gen and launched_decode  # a pure-decode step
             if pure:
                 decode_tokens += n_gen
                 decode_dts.append(dt)
@@ -105,7 +110,6 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
                 other_s += dt
                 other_tokens += n_gen
             if step_log is not None:
-                nxt = getattr(engine, "_inflight", None)
                 step_log.append((steps, round(dt * 1000, 3), n_comp, n_gen, int(pure),
                                  nxt[0].num_tokens if nxt else 0, len(nxt[0]) if nxt else 0,
                                  len(engine.scheduler.running), len(engine.scheduler.waiting),
