@@ -23,7 +23,9 @@ marks each step, and prints:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import os
 import sys
 import time
@@ -160,25 +162,43 @@ def enqueue(args, item: str) -> dict:
         runner, dev = engine.model_runner, engine.device
         bs, nblocks = runner.block_size, runner.kv_cache.num_blocks
         res = []
+        nd = args.enqueue_decodes
         for n in args.enqueue:
             ctx = min(runner.max_model_len, n + args.enqueue_prefix)
-            table = [j % nblocks for j in range(-(-ctx // bs))]
-            for rep in range(2):
-                md, pos = build_metadata([n], [ctx], [table], bs, dev)
-                md.slot_mapping.fill_(-1)
-                ids = torch.zeros(n, dtype=torch.int64, device=dev)
+            dctx = min(runner.max_model_len, args.enqueue_prefix + 1024)
+            lens_q, lens_s = [1] * nd + [n], [dctx] * nd + [ctx]
+            tables, first = [], 0
+            for x in lens_s:
+                tables.append([(first + j) % nblocks for j in range(-(-x // bs))])
+                first += len(tables[-1])
+            for rep in range(3):
                 torch.cuda.synchronize()
+                prof = cProfile.Profile() if rep == 2 and args.cprofile else None
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t = time.perf_counter()
                 a.record()
+                if prof:
+                    prof.enable()
+                md, pos = build_metadata(lens_q, lens_s, tables, bs, dev)
+                for m in (md, *(md.decode_split or ())):
+                    m.slot_mapping.fill_(-1)
+                ids = torch.zeros(sum(lens_q), dtype=torch.int64, device=dev)
                 with torch.inference_mode():
                     runner.model(ids, pos, runner.kv_cache, md)
+                if prof:
+                    prof.disable()
                 host = time.perf_counter() - t
                 b.record()
                 torch.cuda.synchronize()
-                res.append({"tokens": n, "rep": rep, "host_ms": host * 1000, "device_ms": a.elapsed_time(b)})
-                print(f"  {item} forward of {n} tokens on {ctx - n} cached: host enqueue {host * 1000:7.2f} ms, "
-                      f"device {a.elapsed_time(b):7.2f} ms" + (" (again)" if rep else ""), flush=True)
+                res.append({"tokens": n, "decodes": nd, "rep": rep, "host_ms": host * 1000,
+                            "device_ms": a.elapsed_time(b)})
+                print(f"  {item} forward of {n} tokens on {ctx - n} cached + {nd} decode rows (metadata included): "
+                      f"host enqueue {host * 1000:7.2f} ms, device {a.elapsed_time(b):7.2f} ms"
+                      + (" (cProfile on)" if prof else " (again)" if rep else ""), flush=True)
+                if prof:
+                    st = pstats.Stats(prof)
+                    st.sort_stats("cumulative").print_stats("kvpack", 30)
+                    st.sort_stats("tottime").print_stats(20)
         cfg = engine.model_config
         w = torch.randn(cfg.intermediate_size * 2, cfg.hidden_size, dtype=torch.bfloat16, device=dev)
         for n in args.enqueue:
@@ -211,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enqueue", type=lambda t: [int(x) for x in t.split(",")], default=None,
                     help="instead of the run: host time to enqueue eager forward passes of these token counts")
     ap.add_argument("--enqueue-prefix", type=int, default=2048, help="cached tokens before each --enqueue chunk")
+    ap.add_argument("--enqueue-decodes", type=int, default=0, help="decode rows beside each --enqueue chunk")
+    ap.add_argument("--cprofile", action="store_true", help="with --enqueue: cProfile the third pass of each")
     args = ap.parse_args(argv)
     what = enqueue if args.enqueue else probe
     out = {item: what(args, item) for item in parse_format_list(args.kv_cache_dtype)}
