@@ -465,3 +465,26 @@ def test_gpu_fp32_operands():
     out, ref = run_case("int4", "int8", head_dim=128, hq=8, hkv=2, dtype=torch.float32,
                         q_lens=(200, 1), seq_lens=(450, 31))
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_tile_map_built_once_per_step(monkeypatch):
+    """Every layer of a step launches the prefill kernel on the same metadata: the tile map is built
+    for the first and reused (`AttentionMetadata.derived`); a new step's metadata builds its own.
+    Outputs as without the reuse."""
+    import kvpack.kernels.prefill_launch as pl
+
+    calls = []
+    real = pl.build_tile_map
+    monkeypatch.setattr(pl, "build_tile_map", lambda *a: calls.append(a[1:]) or real(*a))
+    layers = []
+
+    def two_layers(q, layer, meta, scale):
+        layers.append(prefill_paged_attention(q, layer, meta, scale).float())
+        return prefill_paged_attention(q, layer, meta, scale)
+
+    out, ref = run_case("int8", "int8", dtype=torch.float16, attention=two_layers, **MIXED)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, layers[0], rtol=0, atol=0)
+    torch.testing.assert_close(out, ref, **TOL[torch.float16])
+    run_case("int8", "int8", dtype=torch.float16, attention=two_layers, **MIXED)
+    assert len(calls) == 2

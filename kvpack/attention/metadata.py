@@ -10,7 +10,8 @@ position `seq_lens[b] - q_len[b] + i` and attends causally to cache positions `0
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -128,6 +129,17 @@ class AttentionMetadata:
     max_seq_len: int
     workspace: PrefillWorkspace | None = None
     decode_split: "tuple[AttentionMetadata, AttentionMetadata] | None" = None
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def derived(self, key: Any, make: Callable[[], Any]) -> Any:
+        """What a kernel launcher computes from this step's metadata alone, made once (`make()`) and
+        reused by every layer of the step (e.g. the prefill kernel's tile map: ~10 device ops a
+        layer of host work otherwise). `key` names it and everything it depends on besides the
+        metadata."""
+        value = self._derived.get(key)
+        if value is None:
+            value = self._derived[key] = make()
+        return value
 
     @property
     def num_seqs(self) -> int:

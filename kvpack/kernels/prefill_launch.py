@@ -213,7 +213,11 @@ def prefill_paged_attention(
     cfg = config or pick_tile_config(D, q.device, dtype, quantized)
     block_m = max(cfg.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
-    tile_seq, tile_start = tile_map or build_tile_map(metadata.query_start_loc, block_q, T)
+    if tile_map is None:  # once per step (every layer launches the same grid)
+        make = lambda: build_tile_map(metadata.query_start_loc, block_q, T)  # noqa: E731
+        derived = getattr(metadata, "derived", None)
+        tile_map = derived(("prefill_tile_map", block_q, T), make) if derived else make()
+    tile_seq, tile_start = tile_map
     k_ptrs, k_strides, k_fmt, k_mode, k_gs = _pool_args(kp)
     v_ptrs, v_strides, v_fmt, v_mode, v_gs = _pool_args(vp)
     dt_k, dt_v = _operand_dtype(kp.fmt, dtype), _operand_dtype(vp.fmt, dtype)
