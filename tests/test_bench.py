@@ -7,7 +7,9 @@ even when a tiny pool forces preemptions.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import pytest
 import torch
@@ -18,6 +20,11 @@ from kvpack.formats import kv_bytes_per_token
 from kvpack.attention.kv_cache import resolve_kv_formats
 from kvpack.models.presets import preset_config
 from kvpack.tools.bench_common import LenRange, format_table, parse_format_list, parse_len_range, random_prompts
+
+_spec = importlib.util.spec_from_file_location(
+    "summarize_step_log", os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "summarize_step_log.py"))
+summarize_step_log = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(summarize_step_log)
 
 
 def _run(capsys, argv):
@@ -142,6 +149,15 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
                        for x in rows if not x["pure_decode"])
         assert sum(x["ms"] for x in pure) == pytest.approx(1000 * r["decode_s"], rel=1e-3, abs=0.05)
         assert rows[-1]["next_tokens"] == 0 and rows[-1]["running"] == 0 and rows[-1]["waiting"] == 0
+        # step kinds in the JSON == the log's, as benchmarks/summarize_step_log.py reads it
+        kinds = r["step_kinds"]
+        assert sum(k["steps"] for k in kinds.values()) == r["steps"]
+        assert sum(k["generated"] for k in kinds.values()) == n_out
+        assert kinds["decode->decode"]["steps"] + kinds["decode->none"]["steps"] == r["decode_steps"]
+        summary = summarize_step_log.summarize(str(tmp_path / f"steps_{r['kv_cache_dtype']}.tsv"))
+        for name, k in summary["kinds"].items():
+            assert (k["steps"], k["generated"]) == (kinds[name]["steps"], kinds[name]["generated"])
+            assert k["seconds"] == pytest.approx(kinds[name]["seconds"], abs=1e-3 * k["steps"] + 1e-6)
     assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0 and payload["complete"] is True
 
 

@@ -70,6 +70,21 @@ def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any,
     return random_prompts(args.num_prompts, args.input_len, args.output_len, model_config.vocab_size, seed)
 
 
+STEP_KINDS = ("decode->decode", "decode->prefill", "decode->none", "prefill")
+
+
+def step_kind(computed: int, generated: int, next_tokens: int, next_seqs: int) -> str:
+    """A step by the batch it waited for and the one it launched: "prefill" when the waited batch
+    computed prompt tokens (a chunk, a mixed step); else "decode->decode" (the steady decode phase),
+    "decode->prefill" (the step also enqueued a prefill or mixed batch: its eager host work is in the
+    step's time) or "decode->none" (nothing launched: the run's end)."""
+    if not generated or computed != generated:
+        return "prefill"
+    if not next_seqs:
+        return "decode->none"
+    return "decode->decode" if next_tokens == next_seqs else "decode->prefill"
+
+
 STEP_LOG_COLUMNS = ("step", "ms", "computed", "generated", "pure_decode", "next_tokens", "next_seqs",
                     "running", "waiting", "compiles")
 
@@ -92,6 +107,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
                disable=not progress, leave=False)
     decode_tokens, other_s, other_tokens = 0, 0.0, 0
     decode_dts: list[float] = []  # each pure-decode step's seconds
+    kinds = {k: {"steps": 0, "seconds": 0.0, "generated": 0} for k in STEP_KINDS}
     with TritonCompileLog() as compiles:  # a JIT compile inside the timed run is charged to it: logged
         while engine.has_unfinished_requests():
             computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
@@ -101,8 +117,11 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             n_gen = engine.counters["generation_tokens"] - generated
             n_comp = engine.counters["computed_tokens"] - computed
             nxt = getattr(engine, "_inflight", None)  # the batch launched behind the one waited for
-            launched_decode = nxt is None or nxt[0].num_tokens == len(nxt[0])
-            pure = bool(n_gen) and n_comp == n_gen and launched_decode  # a pure-decode step
+            kind = step_kind(n_comp, n_gen, nxt[0].num_tokens if nxt else 0, len(nxt[0]) if nxt else 0)
+            kinds[kind]["steps"] += 1
+            kinds[kind]["seconds"] += dt
+            kinds[kind]["generated"] += n_gen
+            pure = kind in ("decode->decode", "decode->none")  # a pure-decode step
             if pure:
                 decode_tokens += n_gen
                 decode_dts.append(dt)
@@ -146,6 +165,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
         "decode_step_ms_p10_p50_p90_max": [_ms(percentile(decode_dts, q)) for q in (10, 50, 90)]
                                           + [_ms(max(decode_dts)) if decode_dts else None],
         "other_steps": steps - decode_steps, "other_s": other_s, "other_output_tokens": other_tokens,
+        "step_kinds": kinds,
         "preemptions": after["num_preemptions"] - before["num_preemptions"],
         "triton_compiles": compiles.summary(),
         "peak_kv_usage": peak_used / total_blocks, "peak_running": peak_running,
