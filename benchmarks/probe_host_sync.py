@@ -151,12 +151,23 @@ def probe(args, item: str) -> dict:
         release(engine)
 
 
+def kernel_times(prof) -> dict[str, float]:
+    """Device kernel time (us) by kernel name (first 80 characters) of a finished profile."""
+    out: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            out[e.name[:80]] += e.time_range.end - e.time_range.start
+    return dict(out)
+
+
 def enqueue(args, item: str) -> dict:
     """Host time to enqueue one eager forward pass (a chunk of N tokens on a prefix, writing nothing),
     for each N of --enqueue, twice in a row (the second meets every per-shape cache warm), against the
     device time of the same pass; and the same for a lone `torch.mm` of the model's MLP shape."""
     from kvpack.engine.model_runner import build_metadata
 
+    if not torch.cuda.is_available() or (args.device or "cuda") == "cpu":
+        raise SystemExit("probe_host_sync --enqueue times CUDA launches: it needs a CUDA device")
     engine = build_engine(args, item, max_model_len=args.input_len.hi + args.output_len.hi)
     try:
         runner, dev = engine.model_runner, engine.device
@@ -165,15 +176,19 @@ def enqueue(args, item: str) -> dict:
         nd = args.enqueue_decodes
         for n in args.enqueue:
             ctx = min(runner.max_model_len, n + args.enqueue_prefix)
-            dctx = min(runner.max_model_len, args.enqueue_prefix + 1024)
+            dctx = min(runner.max_model_len, args.enqueue_decode_context or args.enqueue_prefix + 1024)
             lens_q, lens_s = [1] * nd + [n], [dctx] * nd + [ctx]
             tables, first = [], 0
             for x in lens_s:
                 tables.append([(first + j) % nblocks for j in range(-(-x // bs))])
                 first += len(tables[-1])
-            for rep in range(3):
+            for rep in range(4 if args.kernels else 3):
                 torch.cuda.synchronize()
                 prof = cProfile.Profile() if rep == 2 and args.cprofile else None
+                kprof = None
+                if rep == 3:  # --kernels: the device kernels of one more pass, by name
+                    kprof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+                    kprof.__enter__()
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t = time.perf_counter()
                 a.record()
@@ -190,6 +205,15 @@ def enqueue(args, item: str) -> dict:
                 host = time.perf_counter() - t
                 b.record()
                 torch.cuda.synchronize()
+                if kprof is not None:
+                    kprof.__exit__(None, None, None)
+                    kernels = kernel_times(kprof)
+                    total = sum(kernels.values())
+                    print(f"  {item} {n} tokens + {nd} decode rows: device kernels {total / 1000:.2f} ms")
+                    for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])[:args.top]:
+                        print(f"    {us / 1000:8.3f} ms  {name}")
+                    res.append({"tokens": n, "decodes": nd, "kernels_us": kernels})
+                    continue
                 res.append({"tokens": n, "decodes": nd, "rep": rep, "host_ms": host * 1000,
                             "device_ms": a.elapsed_time(b)})
                 print(f"  {item} forward of {n} tokens on {ctx - n} cached + {nd} decode rows (metadata included): "
@@ -233,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enqueue-prefix", type=int, default=2048, help="cached tokens before each --enqueue chunk")
     ap.add_argument("--enqueue-decodes", type=int, default=0, help="decode rows beside each --enqueue chunk")
     ap.add_argument("--cprofile", action="store_true", help="with --enqueue: cProfile the third pass of each")
+    ap.add_argument("--enqueue-decode-context", type=int, default=0,
+                    help="context of each decode row (default: --enqueue-prefix + 1024)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="with --enqueue: a fourth pass under torch.profiler, its device kernels by name (to "
+                         "compare formats' mixed steps kernel by kernel)")
     args = ap.parse_args(argv)
     what = enqueue if args.enqueue else probe
     out = {item: what(args, item) for item in parse_format_list(args.kv_cache_dtype)}
