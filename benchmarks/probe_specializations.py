@@ -7,8 +7,8 @@ on an H200 for the attention kernels), charged to the workload; a server meets i
 request. This probe runs the engine on CPU with the Triton attention kernels under the interpreter
 (`KVPACK_ATTENTION_BACKEND=triton`, `TRITON_INTERPRET=1`), records the specialization key of every
 kernel launch as Triton 3.6 would form it, and reports the keys of the timed run's non-pure-decode
-steps (prefill chunks, mixed steps) that the warm-up (`bench_throughput.warmup_workload`) did not
-meet. Pure-decode steps are left out: on CUDA they replay graphs captured (and compiled) at start.
+steps (prefill chunks, mixed steps) that the warm-ups (the engine's `ModelRunner.warmup_eager`, which runs
+at start on CUDA, and `bench_throughput.warmup_workload`) did not meet. Pure-decode steps are left out: on CUDA they replay graphs captured (and compiled) at start.
 The fused model ops (RMSNorm, RoPE, SiLU) run as PyTorch on CPU, so they are not covered.
 
     python benchmarks/probe_specializations.py --kv-cache-dtype bfloat16,int8,int4 --input-len 300:700 \
@@ -92,13 +92,19 @@ def run_recorded(engine, workload, rec: Recorder, prefix: str) -> tuple[set, set
         engine.add_request(f"{prefix}-{i}", ids, SamplingParams(temperature=0.0, max_tokens=out, min_tokens=out,
                                                                 ignore_eos=True))
     other, decode = set(), set()
+    first = True
     while engine.has_unfinished_requests():
-        c, g = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
         rec.bucket = set()
         engine.step()
-        n = engine.counters["generation_tokens"] - g
-        (decode if n and engine.counters["computed_tokens"] - c == n else other).update(rec.bucket)
+        # the kernels a step launches are those of the batch it launches behind the one it waits for
+        # (async scheduling; the first step launches two): pure decode when that batch is decode-only
+        # (until session 13 this looked at the batch waited for, and so filed the prefill chunks
+        # launched by decode steps under decode)
+        nxt = getattr(engine, "_inflight", None)
+        pure = not first and nxt is not None and nxt[0].num_tokens == len(nxt[0])
+        (decode if pure else other).update(rec.bucket)
         rec.bucket = None
+        first = False
     return other, decode
 
 
@@ -119,8 +125,14 @@ def probe(args: argparse.Namespace, item: str) -> dict:
     engine = build_engine(args, item, max_model_len=args.max_model_len)
     try:
         with Recorder() as rec:
+            rec.bucket = set()  # the engine's start-up warm-up, as on CUDA (`ModelRunner.warmup_eager`)
+            if not args.no_warmup_eager:
+                engine.model_runner.warmup_eager(force=True)
+            start = rec.bucket
+            rec.bucket = None
             warm_other, warm_dec = (run_recorded(engine, warmup_workload(args, engine), rec, "warm")
                                     if args.warmup_requests > 0 else (set(), set()))
+            warm_other |= start
             workload = random_prompts(args.num_prompts, args.input_len, args.output_len,
                                       engine.model_config.vocab_size, args.seed)
             run_other, run_dec = run_recorded(engine, workload, rec, "run")
@@ -142,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=parse_len_range, default=LenRange(300, 700))
     ap.add_argument("--output-len", type=parse_len_range, default=LenRange(8, 16))
     ap.add_argument("--warmup-requests", type=int, default=4)
+    ap.add_argument("--no-warmup-eager", action="store_true",
+                    help="leave out the engine's start-up warm-up (`ModelRunner.warmup_eager`, run on CUDA)")
     args = ap.parse_args(argv)
     bad = 0
     for item in parse_format_list(args.kv_cache_dtype):

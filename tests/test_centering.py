@@ -137,6 +137,29 @@ def test_probe_means_and_engine_wiring():
     assert all(layer.k_mean is None for layer in off.kv_cache.layers) and not off.k_format.center
 
 
+def test_probe_on_cpu_reads_through_the_reference(monkeypatch):
+    """On CPU the probe runs the PyTorch reference even where the Triton kernels are forced (tests run
+    them through the interpreter, minutes for the probe), so the means do not depend on the backend."""
+    import kvpack.attention.reference as reference
+
+    lm = load_model("dummy:tiny-llama", "float32", "cpu")
+    ids = [list(range(1, 60))]
+    want = measure_kv_means(lm, ids)
+    calls = []
+    real = reference.paged_attention
+    monkeypatch.setattr(reference, "paged_attention", lambda *a: calls.append(1) or real(*a))
+    import kvpack.attention.backend as backend
+    backend._cache.clear()  # the backends bind the functions when first built
+    monkeypatch.setenv("KVPACK_ATTENTION_BACKEND", "triton")
+    try:
+        got = measure_kv_means(lm, ids)
+    finally:
+        backend._cache.clear()
+    assert calls  # the reference ran
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 def test_probe_fits_short_models():
     """A model with fewer positions than the probe has tokens reads only what fits."""
     lm = load_model("dummy:tiny-llama", "float32", "cpu", config_overrides={"max_position_embeddings": 100})

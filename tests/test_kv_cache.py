@@ -159,6 +159,16 @@ def test_backend_selection(monkeypatch):
     monkeypatch.setenv(backend_mod.ENV_VAR, "flash")
     with pytest.raises(ConfigError, match="flash"):
         get_attention_backend("cpu")
+    # forced_backend overrides the device and the environment inside its block only
+    monkeypatch.setenv(backend_mod.ENV_VAR, "triton")
+    with backend_mod.forced_backend("reference"):
+        assert get_attention_backend("cuda").name == "reference"
+        with backend_mod.forced_backend(None):  # no override: the environment again
+            assert get_attention_backend("cpu").name == "triton"
+        assert get_attention_backend("cuda").name == "reference"
+    with pytest.raises(ConfigError, match="flash"):
+        with backend_mod.forced_backend("flash"):
+            pass
 
 
 def test_triton_backend_uses_kernel_launchers(monkeypatch):

@@ -7,9 +7,11 @@ Both backends expose the same two functions with the signatures of `kvpack.atten
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -51,12 +53,27 @@ def _triton() -> AttentionBackend:
 
 BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"reference": _reference, "triton": _triton}
 _cache: dict[str, AttentionBackend] = {}
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvpack_attention_backend", default=None)
+
+
+@contextlib.contextmanager
+def forced_backend(name: str | None) -> Iterator[None]:
+    """Inside the block, `get_attention_backend` answers `name` whatever the device and
+    $KVPACK_ATTENTION_BACKEND say (None: no override). For work whose result must not depend on
+    the backend under test, e.g. the centering probe on CPU."""
+    if name is not None and name not in BACKENDS:
+        raise ConfigError(f"attention backend {name!r} is not one of {', '.join(BACKENDS)}")
+    token = _forced.set(name)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
 
 
 def get_attention_backend(device: torch.device | str | None = None) -> AttentionBackend:
-    """The backend for `device`: reference on CPU, triton on CUDA, unless $KVPACK_ATTENTION_BACKEND
-    names one."""
-    name = os.environ.get(ENV_VAR, "").strip().lower()
+    """The backend for `device`: reference on CPU, triton on CUDA, unless `forced_backend` or
+    $KVPACK_ATTENTION_BACKEND names one."""
+    name = _forced.get() or os.environ.get(ENV_VAR, "").strip().lower()
     if not name:
         dev = torch.device(device) if device is not None else torch.device("cpu")
         name = "triton" if dev.type == "cuda" else "reference"

@@ -21,6 +21,7 @@ from importlib import resources
 
 import torch
 
+from kvpack.attention.backend import forced_backend
 from kvpack.attention.kv_cache import resolve_kv_formats
 from kvpack.attention.layer import Attention
 from kvpack.config import CacheConfig, KVPackError
@@ -86,9 +87,14 @@ def measure_kv_means(loaded: LoadedModel, windows: list[list[int]], chunk_size: 
     scorer = PagedScorer(loaded, CacheConfig(kv_cache_dtype="auto", kv_centering=False),
                          max(len(w) for w in windows), chunk_size)
     rec = _MeanRecorder(layers)
+    # on CPU the PyTorch reference, even where the Triton kernels are forced (the interpreter, in
+    # tests: a 1024-token probe through the interpreted prefill kernel took ~3 minutes); the means are
+    # then the same whichever backend the engine is tested with
+    on_cpu = next(loaded.model.parameters()).device.type == "cpu"
     try:
-        for ids in (progress(windows) if progress else windows):
-            scorer.logits(ids, want_logits=False)
+        with forced_backend("reference" if on_cpu else None):
+            for ids in (progress(windows) if progress else windows):
+                scorer.logits(ids, want_logits=False)
     finally:
         rec.remove()
     return rec.means()
