@@ -7,9 +7,11 @@ on an H200 for the attention kernels), charged to the workload; a server meets i
 request. This probe runs the engine on CPU with the Triton attention kernels under the interpreter
 (`KVPACK_ATTENTION_BACKEND=triton`, `TRITON_INTERPRET=1`), records the specialization key of every
 kernel launch as Triton 3.6 would form it, and reports the keys of the timed run's non-pure-decode
-steps (prefill chunks, mixed steps) that the warm-ups (the engine's `ModelRunner.warmup_eager`, which runs
-at start on CUDA, and `bench_throughput.warmup_workload`) did not meet. Pure-decode steps are left out: on CUDA they replay graphs captured (and compiled) at start.
-The fused model ops (RMSNorm, RoPE, SiLU) run as PyTorch on CPU, so they are not covered.
+steps (prefill chunks, mixed steps) that the warm-ups did not meet: the engine's own
+(`ModelRunner.warmup_eager`, run at start on CUDA; `--no-warmup-eager` leaves it out) and the
+benchmark's (`bench_throughput.warmup_workload`). Pure-decode steps are left out: on CUDA they replay
+graphs captured (and compiled) at start. The fused model ops (RMSNorm, RoPE, SiLU) run as PyTorch on
+CPU, so they are not covered.
 
     python benchmarks/probe_specializations.py --kv-cache-dtype bfloat16,int8,int4 --input-len 300:700 \
         --output-len 8:16 --num-prompts 8 --max-num-batched-tokens 256
