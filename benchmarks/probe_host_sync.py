@@ -8,7 +8,7 @@ what follows, and the step log of `bench throughput --step-log` charges the next
 step. This script runs a workload twice per format (a warm-up with other prompts, then profiled),
 marks each step, and prints:
 
-- the steps sorted by kind (pure decode followed by pure decode / by a prefill or mixed step, other),
+- the steps by kind (`bench_throughput.step_kind`: decode->decode, decode->prefill, decode->none, prefill),
   their count and mean wall time;
 - for the slowest decode steps, the CPU events of most self time (CUDA runtime calls included) with the Python
   frames that made them;
@@ -39,6 +39,7 @@ from kvpack.sampling_params import SamplingParams  # noqa: E402
 from kvpack.tools.bench_common import (  # noqa: E402
     LenRange, add_engine_args, build_engine, parse_format_list, parse_len_range, random_prompts, release,
 )
+from kvpack.tools.bench_throughput import step_kind  # noqa: E402
 
 BLOCKING = ("Synchronize", "cudaMemcpy", "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaMemset",
             "aten::item", "aten::_local_scalar_dense")
@@ -67,9 +68,7 @@ def run(engine, workload):
 
 def kind(r) -> str:
     _, _, comp, gen, nt, ns = r
-    if not gen or comp != gen:
-        return "other"
-    return "decode->decode" if ns and nt == ns else ("decode->prefill" if ns else "decode->none")
+    return step_kind(comp, gen, nt, ns)
 
 
 def is_frame(ev) -> bool:
@@ -127,7 +126,7 @@ def probe(args, item: str) -> dict:
         top_blocking = sorted(blocking.items(), key=lambda kv: -kv[1][1])[:args.top]
         for k, (n, ms) in top_blocking:
             print(f"    {ms:9.1f} ms  x{n:<6d} {k}")
-        slow = sorted((r for r in rows if kind(r) != "other"), key=lambda r: -r[1])[:args.slow_steps]
+        slow = sorted((r for r in rows if kind(r) != "prefill"), key=lambda r: -r[1])[:args.slow_steps]
         detail = []
         for r in slow:
             m = marks.get(r[0])
@@ -164,7 +163,7 @@ def enqueue(args, item: str) -> dict:
     """Host time to enqueue one eager forward pass (a chunk of N tokens on a prefix, writing nothing),
     for each N of --enqueue, twice in a row (the second meets every per-shape cache warm), against the
     device time of the same pass; and the same for a lone `torch.mm` of the model's MLP shape."""
-    from kvpack.engine.model_runner import build_metadata
+    from kvpack.engine.model_runner import build_metadata, dummy_block_tables
 
     if not torch.cuda.is_available() or (args.device or "cuda") == "cpu":
         raise SystemExit("probe_host_sync --enqueue times CUDA launches: it needs a CUDA device")
@@ -178,10 +177,7 @@ def enqueue(args, item: str) -> dict:
             ctx = min(runner.max_model_len, n + args.enqueue_prefix)
             dctx = min(runner.max_model_len, args.enqueue_decode_context or args.enqueue_prefix + 1024)
             lens_q, lens_s = [1] * nd + [n], [dctx] * nd + [ctx]
-            tables, first = [], 0
-            for x in lens_s:
-                tables.append([(first + j) % nblocks for j in range(-(-x // bs))])
-                first += len(tables[-1])
+            tables = dummy_block_tables(lens_s, bs, nblocks)
             for rep in range(4 if args.kernels else 3):
                 torch.cuda.synchronize()
                 prof = cProfile.Profile() if rep == 2 and args.cprofile else None

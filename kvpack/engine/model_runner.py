@@ -108,12 +108,7 @@ class ModelRunner:
                    ([1] * EAGER_WARMUP_DECODES + [short_q], [ctx] * (EAGER_WARMUP_DECODES + 1)),
                    ([1] * EAGER_WARMUP_DECODES + [long_q], [ctx] * (EAGER_WARMUP_DECODES + 1))]
         for query_lens, seq_lens in batches:
-            first = 0
-            tables = []
-            for n in seq_lens:
-                k = -(-n // bs)
-                tables.append([(first + j) % nblocks for j in range(k)])
-                first += k
+            tables = dummy_block_tables(seq_lens, bs, nblocks)
             metadata, positions = build_metadata(query_lens, seq_lens, tables, bs, self.device)
             for md in (metadata, *(metadata.decode_split or ())):
                 md.slot_mapping.fill_(-1)  # write nothing
@@ -217,6 +212,17 @@ class PendingRunnerOutput:
         out: SamplerOutput = self.sample.result()
         logprobs = {sid: lp for sid, lp in zip(self.seq_ids, out.logprobs) if lp is not None}
         return RunnerOutput(dict(zip(self.seq_ids, out.token_ids)), logprobs)
+
+
+def dummy_block_tables(seq_lens: list[int], block_size: int, num_blocks: int) -> list[list[int]]:
+    """Block tables for dummy batches (warm-ups, probes): consecutive block ids, wrapping around a pool
+    of `num_blocks`, enough for each sequence's length."""
+    tables, first = [], 0
+    for n in seq_lens:
+        k = -(-n // block_size)
+        tables.append([(first + j) % num_blocks for j in range(k)])
+        first += k
+    return tables
 
 
 def build_metadata(

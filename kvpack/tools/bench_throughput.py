@@ -9,8 +9,8 @@ pure-decode steps / their time), which shows the concurrency a format buys witho
 that output tok/s also counts. A step is pure decode when the batch it waits for and the batch it
 launches behind it (async scheduling / output processing) are decode-only: a step that launches a
 prefill chunk spends the chunk's host work (an eager forward pass, ~50 ms for Llama-8B) inside its
-own time, which before session 13 was counted as decode (H200: 11.7 instead of 9.3 ms per bf16 step). `--repeats N` times N runs per format on fresh prompts (seeds
-seed, seed+1, ...): the row is the median run by output tok/s, with every run's output and decode
+own time, which before session 13 was counted as decode (H200: 11.7 instead of 9.3 ms per bf16
+step). `--repeats N` times N runs per format on fresh prompts (seeds seed, seed+1, ...): the row is the median run by output tok/s, with every run's output and decode
 tok/s and their spread ((max - min) / median) beside it, so a ratio can be read against the noise.
 
     kvpack bench throughput --model llama-3.1-8b --num-prompts 256 --input-len 2048:8192 \
@@ -71,6 +71,7 @@ def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any,
 
 
 STEP_KINDS = ("decode->decode", "decode->prefill", "decode->none", "prefill")
+PURE_DECODE_KINDS = ("decode->decode", "decode->none")  # the decode phase's steps
 
 
 def step_kind(computed: int, generated: int, next_tokens: int, next_seqs: int) -> str:
@@ -105,7 +106,6 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     ttft, tpot, n_out = [], [], 0
     bar = tqdm(total=len(workload), desc=f"{engine.kv_format_name}", unit="req", mininterval=1.0,
                disable=not progress, leave=False)
-    decode_tokens, other_s, other_tokens = 0, 0.0, 0
     decode_dts: list[float] = []  # each pure-decode step's seconds
     kinds = {k: {"steps": 0, "seconds": 0.0, "generated": 0} for k in STEP_KINDS}
     with TritonCompileLog() as compiles:  # a JIT compile inside the timed run is charged to it: logged
@@ -117,20 +117,16 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             n_gen = engine.counters["generation_tokens"] - generated
             n_comp = engine.counters["computed_tokens"] - computed
             nxt = getattr(engine, "_inflight", None)  # the batch launched behind the one waited for
-            kind = step_kind(n_comp, n_gen, nxt[0].num_tokens if nxt else 0, len(nxt[0]) if nxt else 0)
+            next_tokens, next_seqs = (nxt[0].num_tokens, len(nxt[0])) if nxt else (0, 0)
+            kind = step_kind(n_comp, n_gen, next_tokens, next_seqs)
             kinds[kind]["steps"] += 1
             kinds[kind]["seconds"] += dt
             kinds[kind]["generated"] += n_gen
-            pure = kind in ("decode->decode", "decode->none")  # a pure-decode step
+            pure = kind in PURE_DECODE_KINDS
             if pure:
-                decode_tokens += n_gen
                 decode_dts.append(dt)
-            else:
-                other_s += dt
-                other_tokens += n_gen
             if step_log is not None:
-                step_log.append((steps, round(dt * 1000, 3), n_comp, n_gen, int(pure),
-                                 nxt[0].num_tokens if nxt else 0, len(nxt[0]) if nxt else 0,
+                step_log.append((steps, round(dt * 1000, 3), n_comp, n_gen, int(pure), next_tokens, next_seqs,
                                  len(engine.scheduler.running), len(engine.scheduler.waiting),
                                  len(compiles.misses)))
             steps += 1
@@ -149,6 +145,9 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     elapsed = time.time() - t0
     bar.close()
     decode_s, decode_steps = sum(decode_dts), len(decode_dts)
+    decode_tokens = sum(kinds[k]["generated"] for k in PURE_DECODE_KINDS)
+    other_s = sum(v["seconds"] for k, v in kinds.items() if k not in PURE_DECODE_KINDS)
+    other_tokens = sum(v["generated"] for k, v in kinds.items() if k not in PURE_DECODE_KINDS)
     after = engine.stats()
     n_in = sum(len(ids) for ids, _ in workload)
     return {
