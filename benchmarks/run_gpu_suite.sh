@@ -56,6 +56,14 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$OUT/run.log" 2>&1 || true
+# SM / memory clock, power and temperature every 0.5 s while the suite runs: formats run one after
+# another, so a later one could meet a hotter, slower card; the summary gives each run's means
+SAMPLER=
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader,nounits \
+    -lms 500 > "$W/gpu_clocks.csv" 2> /dev/null &
+  SAMPLER=$!
+fi
 "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' >> "$OUT/run.log" 2>&1
 
 step capacity 30 "$PY" -m kvpack bench capacity --model "$MODEL" --kv-cache-memory "$KV_BUDGET" \
@@ -90,6 +98,8 @@ if [ "${QUICK:-0}" != 1 ]; then
     --short-input-len "$SHORT_LEN" --short-output-len "$SHORT_LEN" --kv-input-len "$KV_IN" --kv-output-len "$KV_OUT" \
     --out "$W/e2e"
 fi
+
+[ -n "$SAMPLER" ] && kill "$SAMPLER" 2> /dev/null
 
 # ---- summary: criteria, tables, plot ------------------------------------------------------------
 "$PY" - "$W" "$OUT" "$(( $(date +%s) - T0 ))" <<'EOF'
@@ -206,12 +216,40 @@ if e2e:
            table(["workload", "engine", "format", "requests", "output tok/s", "vs transformers"],
                  [[r["workload"], r["engine"], r["kv_cache_dtype"], r["num_requests"], f(r["output_tok_s"], ",.0f"),
                    f(r["vs_transformers"], ".2f")] for r in e2e["results"]]), ""]
+
+def clocks_during(t0, t1):
+    """Mean SM MHz, memory MHz, W and deg C of the sampler's rows inside [t0, t1] (unix seconds)."""
+    import datetime
+    got = []
+    try:
+        for line in open(os.path.join(W, "gpu_clocks.csv")):
+            p = [x.strip() for x in line.split(",")]
+            try:
+                ts = datetime.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local time, as time.time()
+                vals = [float(x) for x in p[1:5]]
+            except (ValueError, IndexError):
+                continue
+            if t0 <= ts <= t1:
+                got.append(vals)
+    except OSError:
+        return None
+    return [sum(c) / len(got) for c in zip(*got)] + [len(got)] if got else None
+
+clock_rows = []
+for title, d in (("KV-bound", kv), ("short", short)):
+    for r in (d or {}).get("results", []):
+        c = clocks_during(r["started_at"], r["ended_at"]) if "started_at" in r else None
+        if c:
+            clock_rows.append([title, r["kv_cache_dtype"], f"{c[0]:.0f}", f"{c[1]:.0f}", f"{c[2]:.0f}", f"{c[3]:.0f}", c[4]])
+if clock_rows:
+    md += ["## GPU clocks during each timed run (nvidia-smi every 0.5 s, means)", "",
+           table(["workload", "format", "SM MHz", "memory MHz", "power W", "temp C", "samples"], clock_rows), ""]
 md += ["## Steps", "", table(["step", "rc", "seconds"], steps), ""]
 with open(os.path.join(OUT, "summary.md"), "w") as fh:
     fh.write("\n".join(md))
 with open(os.path.join(OUT, "summary.json"), "w") as fh:
     json.dump({"criteria": crit, "steps": steps, "total_s": TOTAL, "capacity": cap, "latency": lat,
-               "throughput_short": short, "throughput_kv": kv, "e2e": e2e}, fh, indent=1)
+               "throughput_short": short, "throughput_kv": kv, "e2e": e2e, "gpu_clocks": clock_rows}, fh, indent=1)
 
 try:
     import matplotlib

@@ -376,6 +376,33 @@ def test_workspace_values(name, static, ws_dtype):
             torch.testing.assert_close(got_ws.codes.float().cpu(), w.to(ws_dtype).float(), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_workspace_int4_unrotated_values(head_dim, ws_dtype):
+    """int4 at a power-of-two head dim, un-rotated in the workspace (the path prefill takes for
+    Llama shapes): bit for bit the reference's float32 dequantization (code * s + m), then its
+    Hadamard butterflies (`hadamard_transform`: R @ R = I), V's mean added, rounded once."""
+    from kvpack.kernels.prefill_workspace import can_unrotate, dequantize_to_workspace
+
+    gen = torch.Generator().manual_seed(5)
+    hkv, bs, d = 2, 16, head_dim
+    fmt = resolve_format("int4", head_dim=d, model_dtype=torch.bfloat16)
+    assert can_unrotate(fmt)
+    pool = allocate_pool(fmt, 5, hkv, bs, DEV)
+    x = torch.randn(5 * bs, hkv, d, generator=gen) * 3
+    x[:, :, 7] += 20.0  # an outlier channel
+    reference.write_kv(x, x, LayerKVCache(pool, pool), torch.arange(5 * bs))
+    src = torch.tensor([3, 0, 4, 1], dtype=torch.int32)
+    mean = torch.randn(hkv, d, generator=gen)
+    k_ws, v_ws = dequantize_to_workspace(pool, pool, src.to(DEV), 4, ws_dtype, unrotate_k=True,
+                                         unrotate_v=True, v_mean=mean.to(DEV))
+    flat = lambda t: t.permute(0, 2, 1, 3).flatten(0, 1).cpu()  # noqa: E731  [blocks * bs, H, ...]
+    want = fmt.dequantize(flat(pool.codes), flat(pool.scales), flat(pool.zeros))  # float32, rotated
+    want = hadamard_transform(want).reshape(5, bs, hkv, d).permute(0, 2, 1, 3)[src.long()]  # x @ R
+    assert torch.equal(k_ws.codes.cpu(), want.to(ws_dtype))
+    assert torch.equal(v_ws.codes.cpu(), (want + mean[None, :, None, :]).to(ws_dtype))
+
+
 def test_workspace_plan_rule(monkeypatch):
     """`PrefillWorkspace.plan`: blocks in sequence order, renumbered tables, the reuse rule, the cap,
     the forcing argument and $KVPACK_PREFILL_WORKSPACE / _TOKENS."""

@@ -24,8 +24,8 @@ from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
-    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, div_by_scale, f32_to_bf16_rne, fp8_encode,
-    fp8_encode_hw, int4_encode, int4_pack, int8_encode,
+    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, div_by_scale, f32_to_bf16_rne, fp8_encode,
+    fp8_encode_hw, int4_encode, int4_pack, int8_encode, next_pow2,
 )
 
 
@@ -269,12 +269,12 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     k, k_extra = _side_input(k, kp, layer_cache.k_mean)
     v, v_extra = _side_input(v, vp, layer_cache.v_mean)
     slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
-    d_pad = triton.next_power_of_2(D)
-    half_pad = max(triton.next_power_of_2(D // 2), 1)
+    d_pad = next_pow2(D)
+    half_pad = max(next_pow2(D // 2), 1)
     # small batches (decode) take small token tiles: the per-thread instruction chain is the latency
     if block_t is None:
-        block_t = max(1, min(16, 2048 // d_pad, triton.next_power_of_2(T)))
-    grid = (triton.cdiv(T, block_t), H)
+        block_t = max(1, min(16, 2048 // d_pad, next_pow2(T)))
+    grid = (cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
             kp.block_size, block_t, D, d_pad, half_pad,

@@ -46,8 +46,8 @@ from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benc
     choose_variant, fallback_variant, merge_chunk, merge_counters,
 )
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
-    int4_lo, int4_to_f16, int8_to_f16, Q_LO_STEPS, split_q_int8,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
+    int4_lo, int4_to_f16, int8_to_f16, next_pow2, Q_LO_STEPS, split_q_int8,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -555,7 +555,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         ring_splits = choose_ring_splits(B, Hkv, metadata.max_seq_len, dev)
 
     def split_len(splits: int) -> int:
-        return triton.cdiv(triton.cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
+        return cdiv(cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
 
     if variant == "frag?":  # "auto" on 8-bit K and V: "frag" with >= FRAG_MIN_TOKENS tokens per program
         if num_splits is None and ring_splits and split_len(ring_splits) < FRAG_MIN_TOKENS:
@@ -581,13 +581,13 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         if int4_default and choose_merge(num_splits, variant, merge):
             block_n = max(INT4_FUSED_TILE, block_size)  # int4 with the fused merge: 64-token tiles measured faster
     max_len = max(metadata.max_seq_len, 1)
-    tokens_per_split = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
-    num_splits = max(1, triton.cdiv(max_len, tokens_per_split))
+    tokens_per_split = cdiv(cdiv(max_len, num_splits), block_n) * block_n
+    num_splits = max(1, cdiv(max_len, tokens_per_split))
 
     # rotated K: q @ R; rotated or centered V: out @ R + V mean. In the kernel (q as it loads, the output
     # in its epilogue) or the merge; `rotate_heads` before / after the launch where they cannot: the
     # Gluon kernel, int4 halves at a head dim that is not a power of two (Hadamard blocks straddle them)
-    d_pad = triton.next_power_of_2(D)
+    d_pad = next_pow2(D)
     def in_kernel_ok(kind: str) -> bool:  # `_decode_kernel` rotates this side's rows itself
         return variant != "frag" and (D == d_pad or kind != "int4")
 
@@ -627,8 +627,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
     kernel = _frag_decode_kernel if variant == "frag" else _decode_kernel
     args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
-    half_pad = triton.next_power_of_2(max(D // 2, 1))
-    group_pad = max(16, triton.next_power_of_2(group))
+    half_pad = next_pow2(max(D // 2, 1))
+    group_pad = max(16, next_pow2(group))
     args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
              *k_c, *v_c, INTERPRET, fast_cvt,
              _needs_idx64(kp, vp) if index64 is None else index64,
@@ -641,7 +641,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if num_splits > 1 and not fused:
         merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
-                      max(2, triton.next_power_of_2(num_splits)), D, d_pad]
+                      max(2, next_pow2(num_splits)), D, d_pad]
         merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,
                       kp.fmt.rotate and not rot_q)

@@ -12,8 +12,10 @@ import triton.language as tl
 
 from kvpack.attention.kv_cache import CachePool
 from kvpack.config import ConfigError
+from kvpack.kernels.quant import cdiv, next_pow2
 
 _SM_COUNT: dict[int, int] = {}
+
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -55,8 +57,8 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     slots = per_sm * _sm_count(device)
     if work >= slots:
         return 1
-    max_splits = max(1, triton.cdiv(max_seq_len, 4 * block_n))
-    want = max(slots // work, triton.cdiv(max_seq_len, 1024))
+    max_splits = max(1, cdiv(max_seq_len, 4 * block_n))
+    want = max(slots // work, cdiv(max_seq_len, 1024))
     return max(1, min(max_splits, want, 128))
 
 
@@ -95,14 +97,14 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
     if work > slots:
         return None
     splits = slots // work
-    if triton.cdiv(max_seq_len, splits) > RING_LONG_SPLIT:
+    if cdiv(max_seq_len, splits) > RING_LONG_SPLIT:
         # Long splits leave a batch of mixed lengths to its longest sequences' programs (a CUDA graph
         # plans for its context bucket, not the lengths it replays): splits of >= RING_SPLIT_TOKENS
         # (so "auto" keeps "frag"). H200, 41 sequences of 2.3-8.7k tokens planned for 8704
         # (results/engine_s12/probe_varlen): 1 -> 9 splits, int8 245 -> 163 us, fp8_e4m3 327 -> 185;
         # 41 x 5.3k: int8 158 -> 154, fp8 208 -> 172 (4 splits: 145, 154)
         splits = max(splits, max_seq_len // RING_SPLIT_TOKENS)
-    return max(1, min(splits, triton.cdiv(max_seq_len, 4 * 64), 128))
+    return max(1, min(splits, cdiv(max_seq_len, 4 * 64), 128))
 
 
 MERGES = ("auto", "fused", "separate")
@@ -131,9 +133,9 @@ def choose_merge(num_splits: int, variant: str, merge: str | None = None) -> boo
 def merge_chunk(group: int, head_dim_pad: int, num_splits: int, num_warps: int) -> tuple[int, int]:
     """(MERGE_G, MERGE_CH) of the fused merge: the group padded to a power of two, and the splits it
     reads at once (about MERGE_ELEMS_PER_LANE fp32 values per lane, no more than there are splits)."""
-    mg = triton.next_power_of_2(max(1, group))
+    mg = next_pow2(max(1, group))
     ch = max(1, MERGE_ELEMS_PER_LANE * 32 * num_warps // (mg * head_dim_pad))
-    ch = min(1 << (ch.bit_length() - 1), triton.next_power_of_2(num_splits))
+    ch = min(1 << (ch.bit_length() - 1), next_pow2(num_splits))
     return mg, ch
 
 

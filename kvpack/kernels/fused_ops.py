@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kvpack.kernels.quant import f32_round_f16, f32_to_bf16_rne
+from kvpack.kernels.quant import cdiv, f32_round_f16, f32_to_bf16_rne, next_pow2
 
 
 def fused_ops_enabled(x: torch.Tensor, force_triton: bool = False) -> bool:
@@ -180,7 +180,7 @@ def _launch_norm(x, r, weight, out, res_out, eps: float) -> None:
     if T == 0:
         return
     bf16, dt = _dt(x)
-    block = triton.next_power_of_2(H)
+    block = next_pow2(H)
     has_res = r is not None
     r, res_out = (r, res_out) if has_res else (x, out)
     _rms_norm_kernel[(T,)](x, r, weight, out, res_out, x.stride(0), r.stride(0), out.stride(0),
@@ -198,8 +198,8 @@ def silu_and_mul(x: torch.Tensor, force_triton: bool = False) -> torch.Tensor:
     out = torch.empty(T, I2 // 2, dtype=x.dtype, device=x.device)
     if T:
         bf16, dt = _dt(x)
-        block = min(1024, triton.next_power_of_2(I2 // 2))
-        _silu_and_mul_kernel[(T, triton.cdiv(I2 // 2, block))](x2, out, x2.stride(0), out.stride(0), I2 // 2,
+        block = min(1024, next_pow2(I2 // 2))
+        _silu_and_mul_kernel[(T, cdiv(I2 // 2, block))](x2, out, x2.stride(0), out.stride(0), I2 // 2,
                                                                 block, bf16, dt, num_warps=4)
     return out.reshape(*x.shape[:-1], I2 // 2)
 
@@ -220,6 +220,6 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
         bf16, dt = _dt(q)
         _rope_kernel[(T,)](positions, table, q, k, qo, ko, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                            qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), Hq, Hk, D // 2,
-                           triton.next_power_of_2(Hq), triton.next_power_of_2(Hk),
-                           triton.next_power_of_2(D // 2), bf16, dt, num_warps=4)
+                           next_pow2(Hq), next_pow2(Hk),
+                           next_pow2(D // 2), bf16, dt, num_warps=4)
     return qo, ko

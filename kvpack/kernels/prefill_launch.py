@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import triton
 import triton.language as tl
 
 from kvpack.config import KVPackError
 from kvpack.formats import FMT_FLOAT, FMT_INT8
-from kvpack.kernels.quant import INTERPRET
+from kvpack.kernels.quant import INTERPRET, next_pow2
 from kvpack.kernels.rotate import rotate_heads
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = t
     """
     if INTERPRET or device.type != "cuda":
         return TileConfig(32, 16, 4, 1)
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = max(16, next_pow2(head_dim))
     if dtype == torch.float32:  # FMA dots (input_precision="ieee") hold whole tiles in registers
         return TileConfig(16, 16, 4, 1) if d_pad > 128 else TileConfig(32, 16, 4, 1)
     major, _ = torch.cuda.get_device_capability(device)
@@ -211,7 +210,7 @@ def prefill_paged_attention(
         bt = ws.block_tables
         quantized = False
     cfg = config or pick_tile_config(D, q.device, dtype, quantized)
-    block_m = max(cfg.block_m, triton.next_power_of_2(group))
+    block_m = max(cfg.block_m, next_pow2(group))
     block_q = block_m // group
     if tile_map is None:  # once per step (every layer launches the same grid)
         make = lambda: build_tile_map(metadata.query_start_loc, block_q, T)  # noqa: E731
@@ -232,7 +231,7 @@ def prefill_paged_attention(
         q_in.stride(0), q_in.stride(1), o.stride(0), o.stride(1), bt.stride(0),
         *k_strides, *v_strides,
         GROUP=group, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=kp.block_size,
-        HEAD_DIM=D, D_PAD=max(16, triton.next_power_of_2(D)),
+        HEAD_DIM=D, D_PAD=max(16, next_pow2(D)),
         K_FMT=k_fmt, V_FMT=v_fmt, K_MODE=k_mode, V_MODE=v_mode, K_GS=k_gs, V_GS=v_gs,
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
         Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,

@@ -29,9 +29,9 @@ from kvpack.attention.kv_cache import CachePool
 from kvpack.formats import hadamard_block_size, hadamard_norm, resolve_format
 from kvpack.kernels.quant import (
     K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_f16_factor, int4_to_f16,
-    int8_to_f16,
+    int8_to_f16, next_pow2,
 )
-from kvpack.kernels.rotate import _hadamard
+from kvpack.kernels.rotate import _butterfly, _hadamard
 
 
 @triton.jit
@@ -63,14 +63,23 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_
         lo, hi = int4_to_f16(tl.load(c_row[:, None] + j[None, :], mask=jm, other=0))
         g_lo = s_row[:, None] + (j // GS)[None, :]
         g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
-        if ROT:  # D a power of two (`can_unrotate`): whole rows in float32, x @ R, (+ mean)
+        if ROT:  # D a power of two (`can_unrotate`, so HB == D): x @ R on the two halves, in float32
+            tl.static_assert(HB == D)
             lo = lo.to(tl.float32) * tl.load(scales_ptr + g_lo).to(tl.float32) + tl.load(zeros_ptr + g_lo).to(tl.float32)
             hi = hi.to(tl.float32) * tl.load(scales_ptr + g_hi).to(tl.float32) + tl.load(zeros_ptr + g_hi).to(tl.float32)
-            x = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BS, D))
-            x = _hadamard(x, BS, D, HB, NORM)
+            # The reference's stages H = 1 .. D/4 pair channels inside one half, so they run on each
+            # half as it is; its last stage (H = D/2) pairs channel j with j + D/2, lo with hi. The same
+            # additions in the same order: the same bits, without joining the halves into rows (the
+            # join and permute went through shared memory: session 14 measured this kernel 20x int8's).
+            for s in tl.static_range(HALF.bit_length() - 1):
+                lo = _butterfly(lo, BS, HALF, 1 << s, True)
+                hi = _butterfly(hi, BS, HALF, 1 << s, True)
+            lo, hi = (lo + hi) * NORM, (lo - hi) * NORM
             if ADD_MEAN:
-                x = x + tl.load(mean_ptr + h * D + d)[None, :]
-            tl.store(w_row[:, None] + d[None, :], _round_to(x, ws_ptr.dtype.element_ty))
+                lo = lo + tl.load(mean_ptr + h * D + j)[None, :]
+                hi = hi + tl.load(mean_ptr + h * D + HALF + j)[None, :]
+            tl.store(w_row[:, None] + j[None, :], _round_to(lo, ws_ptr.dtype.element_ty))
+            tl.store(w_row[:, None] + HALF + j[None, :], _round_to(hi, ws_ptr.dtype.element_ty))
         else:
             lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
             hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
@@ -175,5 +184,5 @@ def dequantize_to_workspace(kp: CachePool, vp: CachePool, src_blocks: torch.Tens
         hb = hadamard_block_size(d)
         _dequant_blocks_kernel[(num_blocks, kp.num_kv_heads)](
             src_blocks, *k_args, *v_args, *k_c, *v_c, hb, hadamard_norm(hb), d,
-            max(16, triton.next_power_of_2(d)), kp.block_size, num_warps=4, enable_fp_fusion=False)
+            max(16, next_pow2(d)), kp.block_size, num_warps=4, enable_fp_fusion=False)
     return k_ws, v_ws

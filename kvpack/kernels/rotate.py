@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kvpack.formats import hadamard_block_size, hadamard_norm
-from kvpack.kernels.quant import _INTERPRET_C, f32_to_bf16_rne
+from kvpack.kernels.quant import _INTERPRET_C, cdiv, f32_to_bf16_rne, next_pow2
 
 
 @triton.jit
@@ -96,11 +96,11 @@ def rotate_heads(x: torch.Tensor, out_dtype: torch.dtype, rotate: bool = True,
     if mean is not None:
         assert mean.dim() == 2 and mean.shape[1] == D and H % mean.shape[0] == 0, (mean.shape, x.shape)
         mean = mean.to(device=x.device, dtype=torch.float32).contiguous()
-    d_pad = triton.next_power_of_2(D)
-    rows = max(1, min(16, 2048 // d_pad, triton.next_power_of_2(T * H)))
+    d_pad = next_pow2(D)
+    rows = max(1, min(16, 2048 // d_pad, next_pow2(T * H)))
     hb = hadamard_block_size(D)
     group = H // mean.shape[0] if mean is not None else 1
-    _rotate_heads_kernel[(triton.cdiv(T * H, rows),)](
+    _rotate_heads_kernel[(cdiv(T * H, rows),)](
         x, y, mean if mean is not None else x, T * H, H, group, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
         D=D, D_PAD=d_pad, ROWS=rows, ROTATE=rotate, ADD=mean is not None, HB=hb, NORM=hadamard_norm(hb),
         num_warps=4, enable_fp_fusion=False)

@@ -152,6 +152,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     n_in = sum(len(ids) for ids, _ in workload)
     return {
         "num_requests": len(workload), "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
+        "started_at": t0, "ended_at": t0 + elapsed,  # unix seconds: to match a GPU clock log to the run
         "steps": steps, "requests_per_s": len(workload) / elapsed, "output_tok_s": n_out / elapsed,
         "total_tok_s": (n_in + n_out) / elapsed,
         "mean_ttft_ms": _ms(mean(ttft)), "median_ttft_ms": _ms(percentile(ttft, 50)),
