@@ -3,7 +3,7 @@
 Times, in one run (CUDA-graph replays, L2 flushed), for a 2048-token chunk on `--prefix` cached
 tokens (Llama-3.1-8B heads): the bf16-cache kernel; the same data as a float16 cache (bf16 q and
 fp16 q); the dequantize kernel alone (int8 into float16 and bfloat16, int4 into float16, and int4
-un-rotated into bfloat16 with a V mean: the engine's path at head_dim 128); the full workspace path
+un-rotated into bfloat16 with a V mean: the engine's path at head_dim 128, and fp8_e4m3 the same); the full workspace path
 for int8 / int4; the q and output rotations of int4. Prints one line per item.
 
     python benchmarks/probe_prefill_workspace.py --prefix 8192
@@ -49,7 +49,7 @@ def main() -> int:
     q = torch.randn(args.chunk, hq, d, device=dev, dtype=torch.bfloat16)
     meta = AttentionMetadata.build([args.chunk], [seq], [table], bs, dev, workspace=False)
     wmeta = AttentionMetadata.build([args.chunk], [seq], [table], bs, dev, workspace=True)
-    layers = {f: build_layer(f, k, v, nb, bs, slots, torch.bfloat16) for f in ("bfloat16", "int8", "int4")}
+    layers = {f: build_layer(f, k, v, nb, bs, slots, torch.bfloat16) for f in ("bfloat16", "int8", "int4", "fp8_e4m3")}
     bf = layers["bfloat16"]
     f16 = LayerKVCache(*[type(p)(p.codes.half(), None, None, None,
                                  __import__("kvpack.formats", fromlist=["x"]).resolve_format("float16", head_dim=d))
@@ -67,6 +67,9 @@ def main() -> int:
         # the engine's int4 path at a power-of-two head dim: un-rotated, V's mean added back
         "dequant int4 -> bf16, un-rot": lambda: dequantize_to_workspace(
             layers["int4"].k, layers["int4"].v, ws.src_blocks, ws.num_blocks, torch.bfloat16, unrotate_k=True,
+            unrotate_v=True, v_mean=v_mean),
+        "dequant fp8_e4m3 -> bf16, un-rot": lambda: dequantize_to_workspace(
+            layers["fp8_e4m3"].k, layers["fp8_e4m3"].v, ws.src_blocks, ws.num_blocks, torch.bfloat16, unrotate_k=True,
             unrotate_v=True, v_mean=v_mean),
         "int8 workspace path": lambda: prefill_paged_attention(q, layers["int8"], wmeta, d ** -0.5),
         "int8 fused": lambda: prefill_paged_attention(q, layers["int8"], meta, d ** -0.5),
