@@ -330,7 +330,7 @@ def test_workspace_bf16_q_and_gqa():
 @pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name,static", [("int8", False), ("int8", True), ("int4", False), ("fp8_e4m3", False),
                                          ("fp8_e4m3", True), ("fp8_e5m2", False), ("bfloat16", False)])
-def test_workspace_values(name, static, ws_dtype, monkeypatch):
+def test_workspace_values(name, static, ws_dtype):
     """Workspace values: the format's own dequantization (`KVFormat.dequantize`, float32) rounded
     once to the workspace dtype (int8 / FP8: exact products; int4: code * s + m in float16
     arithmetic, then rounded: within the two roundings' bound), block src_blocks[i] at index i;
@@ -342,8 +342,8 @@ def test_workspace_values(name, static, ws_dtype, monkeypatch):
     fmt = resolve_format(name, head_dim=d, static=static, model_dtype=torch.bfloat16)
     st = (torch.rand(hkv, generator=gen) + 0.5) * 4.0 / fmt.qmax if static else None
     pool = allocate_pool(fmt, 6, hkv, bs, DEV, st)
-    x = torch.randn(6 * bs, hkv, d, generator=gen) * 3
-    slots = torch.arange(6 * bs)
+    x = (torch.randn(6 * bs, hkv, d, generator=gen) * 3).to(DEV)
+    slots = torch.arange(6 * bs, device=DEV)
     reference.write_kv(x, x, LayerKVCache(pool, pool), slots)
     src = torch.tensor([4, 0, 5], dtype=torch.int32)
     k_ws, v_ws = dequantize_to_workspace(pool, pool, src.to(DEV), 3, ws_dtype)
@@ -367,10 +367,6 @@ def test_workspace_values(name, static, ws_dtype, monkeypatch):
         assert torch.equal(got, want.to(ws_dtype).float())
     assert torch.equal(v_ws.codes, k_ws.codes)
     if fmt.rotate and fmt.kind != "int4":  # D = 80 here: int4 cannot undo its rotation, 8-bit kinds can
-        # (the butterflies, exact; the tensor-core product: test_workspace_unrotated_values)
-        from kvpack.kernels import prefill_workspace
-
-        monkeypatch.setattr(prefill_workspace, "_ROTATE_BY_DOT", False)
         mean = torch.randn(hkv, d, generator=gen).to(DEV)
         k_un, v_un = dequantize_to_workspace(pool, pool, src.to(DEV), 3, ws_dtype, unrotate_k=True,
                                              unrotate_v=True, v_mean=mean)
@@ -380,20 +376,15 @@ def test_workspace_values(name, static, ws_dtype, monkeypatch):
             torch.testing.assert_close(got_ws.codes.float().cpu(), w.to(ws_dtype).float(), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("by_dot", [True, False])
 @pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name,head_dim", [("int4", 64), ("int4", 128), ("fp8_e4m3", 128), ("fp8_e5m2", 80)])
-def test_workspace_unrotated_values(name, head_dim, ws_dtype, by_dot, monkeypatch):
+def test_workspace_unrotated_values(name, head_dim, ws_dtype):
     """Rotated sides un-rotated in the workspace (the path prefill takes: int4 at power-of-two head
-    dims, FP8 at any). Oracle: the reference's float32 dequantization, then x @ R in float64, V's
-    mean added. The tensor-core product (+-1 matrix, tf32x3 operands) sums in another order than
-    the butterflies: each value within one unit in the last place of the workspace dtype of the
-    exact one. The butterflies (`by_dot=False`, also the fallback for tiles too small for an MMA)
-    are the reference's `hadamard_transform` bit for bit."""
-    from kvpack.kernels import prefill_workspace
+    dims, FP8 at any), bit for bit: the reference's float32 dequantization (int4: code * s + m), its
+    Hadamard butterflies (`hadamard_transform`: x @ R, R @ R = I), V's mean added, one rounding to
+    the workspace dtype."""
     from kvpack.kernels.prefill_workspace import can_unrotate, dequantize_to_workspace
 
-    monkeypatch.setattr(prefill_workspace, "_ROTATE_BY_DOT", by_dot)
     gen = torch.Generator().manual_seed(5)
     hkv, bs, d = 2, 16, head_dim
     fmt = resolve_format(name, head_dim=d, model_dtype=torch.bfloat16)
@@ -401,24 +392,17 @@ def test_workspace_unrotated_values(name, head_dim, ws_dtype, by_dot, monkeypatc
     pool = allocate_pool(fmt, 5, hkv, bs, DEV)
     x = torch.randn(5 * bs, hkv, d, generator=gen) * 3
     x[:, :, 7] += 20.0  # an outlier channel
-    reference.write_kv(x, x, LayerKVCache(pool, pool), torch.arange(5 * bs))
+    x = x.to(DEV)
+    reference.write_kv(x, x, LayerKVCache(pool, pool), torch.arange(5 * bs, device=DEV))
     src = torch.tensor([3, 0, 4, 1], dtype=torch.int32)
     mean = torch.randn(hkv, d, generator=gen)
     k_ws, v_ws = dequantize_to_workspace(pool, pool, src.to(DEV), 4, ws_dtype, unrotate_k=True,
                                          unrotate_v=True, v_mean=mean.to(DEV))
     flat = lambda t: None if t is None else t.permute(0, 2, 1, 3).flatten(0, 1).cpu()  # noqa: E731
     deq = fmt.dequantize(flat(pool.codes), flat(pool.scales), flat(pool.zeros))  # float32, rotated
-    order = lambda t: t.reshape(5, bs, hkv, d).permute(0, 2, 1, 3)[src.long()]  # noqa: E731
-    exact = order(deq.double() @ fmt.rotation().double())  # x @ R (R @ R = I)
-    butterflies = order(hadamard_transform(deq))
-    for got, add in ((k_ws.codes.cpu(), 0.0), (v_ws.codes.cpu(), mean.double()[None, :, None, :])):
-        if by_dot:
-            want = exact + add
-            mant = 8 if ws_dtype == torch.bfloat16 else 11  # significand bits of the workspace dtype
-            ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2.0 ** -14))) - (mant - 1))
-            assert ((got.double() - want).abs() <= ulp).all()
-        else:
-            assert torch.equal(got, (butterflies + add).to(torch.float32).to(ws_dtype))
+    want = hadamard_transform(deq).reshape(5, bs, hkv, d).permute(0, 2, 1, 3)[src.long()]
+    assert torch.equal(k_ws.codes.cpu(), want.to(ws_dtype))
+    assert torch.equal(v_ws.codes.cpu(), (want + mean[None, :, None, :]).to(ws_dtype))
 
 
 def test_workspace_plan_rule(monkeypatch):

@@ -9,15 +9,10 @@ is planned, `prefill_paged_attention` first writes each block of the batch once,
 block tables (results/prefill_s7).
 
 Values: int8 and FP8 codes decode exactly, times their scale (per-token or static), in float32;
-int4 is code * s + m. A rotated side is rotated back there (x @ R again: R @ R = I) where
-`can_unrotate` says so, and a centered V gets its mean back, so that neither q nor the output is
-rotated around the kernel (int4 at head dims 80 / 96 keeps its rotation, and the launcher rotates
-q and the output as for the fused path). The rotation back is a product with the +-1 Hadamard
-blocks on the tensor cores (tf32x3 operands: the +-1 exact, x to ~22 bits; float32 sums), then the
-norm: the exact rotation within one unit in the last place of the workspace dtype. The storage
-butterflies (bit for bit the reference's) are the fallback for tiles too small for an MMA, and
-`KVPACK_WORKSPACE_ROTATE=butterfly` forces them; session 14 measured them at 290-370 us per layer for
-10k int4 tokens on an H200, 13-17x the 22 us of a dequantization without rotation. Each value is then rounded once to the
+int4 is code * s + m. A rotated side is rotated back there (x @ R again, the storage butterflies:
+R @ R = I) where `can_unrotate` says so, and a centered V gets its mean back, so that neither q nor
+the output is rotated around the kernel (int4 at head dims 80 / 96 keeps its rotation, and the
+launcher rotates q and the output as for the fused path). Each value is then rounded once to the
 workspace dtype (int4 without un-rotation: code * s + m in float16 arithmetic first, as the fused
 kernel's tiles). Float sides are copied as stored. A bf16 workspace (bf16 models) rounds each value
 to 2^-9 relative: next to int8's step (absmax / 127) that adds ~1.5 % to the RMS error of an int8
@@ -26,20 +21,17 @@ cache and less to the coarser formats. float16's range applies to an fp16 worksp
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from kvpack.attention.kv_cache import CachePool
-from kvpack.formats import hadamard, hadamard_block_size, hadamard_norm, resolve_format
+from kvpack.formats import hadamard_block_size, hadamard_norm, resolve_format
 from kvpack.kernels.quant import (
     K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, f32_to_bf16_rne, fp8_decode_f16, fp8_f16_factor, int4_to_f16,
     int8_to_f16, next_pow2,
 )
-from kvpack.kernels.rotate import _butterfly, _hadamard
+from kvpack.kernels.rotate import _hadamard
 
 
 @triton.jit
@@ -54,10 +46,10 @@ def _round_to(x, dtype: tl.constexpr):
 
 @triton.jit
 def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr, ws_ptr,
-                  cs0, cs1, cs2, ss0, ss1, ss2, ws0, ws1, ws2, pm_ptr,
+                  cs0, cs1, cs2, ss0, ss1, ss2, ws0, ws1, ws2,
                   FMT: tl.constexpr, MODE: tl.constexpr, GS: tl.constexpr, ROT: tl.constexpr,
                   HB: tl.constexpr, NORM: tl.constexpr, ADD_MEAN: tl.constexpr, D: tl.constexpr,
-                  D_PAD: tl.constexpr, BS: tl.constexpr, DOT: tl.constexpr):
+                  D_PAD: tl.constexpr, BS: tl.constexpr):
     t = tl.arange(0, BS).to(tl.int64)
     c_row = codes_ptr + src * cs0 + h * cs1 + t * cs2  # [BS] pointers
     s_row = src * ss0 + h * ss1 + t * ss2  # [BS] element offsets
@@ -66,33 +58,26 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_
     dm = (d < D)[None, :]
     if FMT == K_FMT_INT4:  # byte j: channel j (low nibble), channel j + D/2 (high)
         HALF: tl.constexpr = D // 2
-        j = tl.arange(0, D_PAD // 2)
-        jm = (j < HALF)[None, :]
-        lo, hi = int4_to_f16(tl.load(c_row[:, None] + j[None, :], mask=jm, other=0))
-        g_lo = s_row[:, None] + (j // GS)[None, :]
-        g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
-        if ROT:  # D a power of two (`can_unrotate`, so HB == D): x @ R on the two halves, in float32
-            tl.static_assert(HB == D)
-            lo = lo.to(tl.float32) * tl.load(scales_ptr + g_lo).to(tl.float32) + tl.load(zeros_ptr + g_lo).to(tl.float32)
-            hi = hi.to(tl.float32) * tl.load(scales_ptr + g_hi).to(tl.float32) + tl.load(zeros_ptr + g_hi).to(tl.float32)
-            # Sylvester: H_D = [[H, H], [H, -H]] with H = H_{D/2}, the top-left quarter of the +-1 matrix
-            # (rows and columns j < D/2), so [lo | hi] @ H_D = [lo @ H + hi @ H, lo @ H - hi @ H]
-            if DOT:
-                hm = tl.load(pm_ptr + j[:, None] * D_PAD + j[None, :])
-                a = tl.dot(lo, hm, input_precision="tf32x3")
-                b = tl.dot(hi, hm, input_precision="tf32x3")
-            else:  # the reference's butterflies, in its order: the same bits
-                a, b = lo, hi
-                for s in tl.static_range(HALF.bit_length() - 1):
-                    a = _butterfly(a, BS, HALF, 1 << s, True)
-                    b = _butterfly(b, BS, HALF, 1 << s, True)
-            lo, hi = (a + b) * NORM, (a - b) * NORM
+        if ROT:  # D a power of two (`can_unrotate`): whole rows in channel order, as the 8-bit kinds
+            # Channel c is byte c % (D/2), its low nibble below D/2 and its high one above: each byte
+            # loaded twice (the second from L1) and each code taken with integer ops, so that the rows
+            # come in the layout of a plain [BS, D] load, where FP8's butterflies measured 33 us a layer
+            # for 10k tokens (H200, session 14). int4 halves joined in registers took 370 us, halves
+            # butterflied one by one 290 us, and a tensor-core x @ H (tf32x3) 150 (FP8: 280) us.
+            b2 = tl.load(c_row[:, None] + (d % HALF)[None, :])
+            code = tl.where((d < HALF)[None, :], b2 & 15, b2 >> 4)
+            g = s_row[:, None] + (d // GS)[None, :]
+            x = code.to(tl.float32) * tl.load(scales_ptr + g).to(tl.float32) + tl.load(zeros_ptr + g).to(tl.float32)
+            x = _hadamard(x, BS, D, HB, NORM)
             if ADD_MEAN:
-                lo = lo + tl.load(mean_ptr + h * D + j)[None, :]
-                hi = hi + tl.load(mean_ptr + h * D + HALF + j)[None, :]
-            tl.store(w_row[:, None] + j[None, :], _round_to(lo, ws_ptr.dtype.element_ty))
-            tl.store(w_row[:, None] + HALF + j[None, :], _round_to(hi, ws_ptr.dtype.element_ty))
+                x = x + tl.load(mean_ptr + h * D + d)[None, :]
+            tl.store(w_row[:, None] + d[None, :], _round_to(x, ws_ptr.dtype.element_ty))
         else:
+            j = tl.arange(0, D_PAD // 2)
+            jm = (j < HALF)[None, :]
+            lo, hi = int4_to_f16(tl.load(c_row[:, None] + j[None, :], mask=jm, other=0))
+            g_lo = s_row[:, None] + (j // GS)[None, :]
+            g_hi = s_row[:, None] + ((j + HALF) // GS)[None, :]
             lo = lo * tl.load(scales_ptr + g_lo, mask=jm, other=1.0) + tl.load(zeros_ptr + g_lo, mask=jm, other=0.0)
             hi = hi * tl.load(scales_ptr + g_hi, mask=jm, other=1.0) + tl.load(zeros_ptr + g_hi, mask=jm, other=0.0)
             if ADD_MEAN:
@@ -118,9 +103,7 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_
             else:
                 s = col
             x = x.to(tl.float32) * s
-            if ROT and DOT:  # x @ (+-1 blocks) on the tensor cores, then the norm
-                x = tl.dot(x, tl.load(pm_ptr + d[:, None] * D_PAD + d[None, :]), input_precision="tf32x3") * NORM
-            elif ROT:  # padding channels are 0 and fill Hadamard blocks of their own
+            if ROT:  # padding channels are 0 and fill Hadamard blocks of their own
                 x = _hadamard(x, BS, D_PAD, HB, NORM)
             if ADD_MEAN:
                 x = x + tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
@@ -128,7 +111,7 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_
 
 
 @triton.jit
-def _dequant_blocks_kernel(src_ptr, pm_ptr,
+def _dequant_blocks_kernel(src_ptr,
                            kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
                            kws0, kws1, kws2,
                            vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
@@ -138,28 +121,17 @@ def _dequant_blocks_kernel(src_ptr, pm_ptr,
                            V_FMT: tl.constexpr, V_MODE: tl.constexpr, V_GS: tl.constexpr, V_ROT: tl.constexpr,
                            V_MEAN: tl.constexpr,
                            HB: tl.constexpr, NORM: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                           BS: tl.constexpr, DOT: tl.constexpr):
+                           BS: tl.constexpr):
     w = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     src = tl.load(src_ptr + w).to(tl.int64)
     _dequant_side(src, w, h, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kw_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
-                  kws0, kws1, kws2, pm_ptr, K_FMT, K_MODE, K_GS, K_ROT, HB, NORM, K_MEAN, D, D_PAD, BS, DOT)
+                  kws0, kws1, kws2, K_FMT, K_MODE, K_GS, K_ROT, HB, NORM, K_MEAN, D, D_PAD, BS)
     _dequant_side(src, w, h, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr, vw_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
-                  vws0, vws1, vws2, pm_ptr, V_FMT, V_MODE, V_GS, V_ROT, HB, NORM, V_MEAN, D, D_PAD, BS, DOT)
+                  vws0, vws1, vws2, V_FMT, V_MODE, V_GS, V_ROT, HB, NORM, V_MEAN, D, D_PAD, BS)
 
 
 _MODES = {"none": 0, "token": 1, "static": 2}
-# KVPACK_WORKSPACE_ROTATE=butterfly: the butterflies instead of the tensor-core product (measuring)
-_ROTATE_BY_DOT = os.environ.get("KVPACK_WORKSPACE_ROTATE", "dot").strip().lower() != "butterfly"
-
-
-@functools.lru_cache(maxsize=None)
-def _pm_hadamard(d: int, d_pad: int, device: torch.device) -> torch.Tensor:
-    """[d_pad, d_pad] float32: the +-1 Hadamard blocks of `formats.hadamard(d)` (R times
-    sqrt(block)), zero outside them and in the padding."""
-    pm = torch.zeros(d_pad, d_pad, dtype=torch.float32)
-    pm[:d, :d] = torch.sign(hadamard(d))
-    return pm.to(device)
 
 
 def can_unrotate(fmt) -> bool:
@@ -206,13 +178,8 @@ def dequantize_to_workspace(kp: CachePool, vp: CachePool, src_blocks: torch.Tens
     v_args, v_c, v_ws = _side(vp, num_blocks, ws_dtype, unrotate_v, v_mean)
     if num_blocks:
         d = kp.fmt.head_dim
-        d_pad = max(16, next_pow2(d))
         hb = hadamard_block_size(d)
-        # products with the +-1 Hadamard matrix on the tensor cores (tf32x3: ~22-bit operands, exact
-        # +-1) where the tile fits an MMA, else the butterflies; either un-rotates, see the module doc
-        dot = (unrotate_k or unrotate_v) and kp.block_size >= 16 and d_pad >= 32 and _ROTATE_BY_DOT
-        pm = _pm_hadamard(d, d_pad, src_blocks.device) if dot else src_blocks
         _dequant_blocks_kernel[(num_blocks, kp.num_kv_heads)](
-            src_blocks, pm, *k_args, *v_args, *k_c, *v_c, hb, hadamard_norm(hb), d,
-            d_pad, kp.block_size, dot, num_warps=4, enable_fp_fusion=False)
+            src_blocks, *k_args, *v_args, *k_c, *v_c, hb, hadamard_norm(hb), d,
+            max(16, next_pow2(d)), kp.block_size, num_warps=4, enable_fp_fusion=False)
     return k_ws, v_ws
