@@ -377,7 +377,8 @@ def test_workspace_values(name, static, ws_dtype):
 
 
 @pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name,head_dim", [("int4", 64), ("int4", 128), ("fp8_e4m3", 128), ("fp8_e5m2", 80)])
+@pytest.mark.parametrize("name,head_dim", [("int4", 32), ("int4", 64), ("int4", 128), ("fp8_e4m3", 128),
+                                           ("fp8_e5m2", 80)])
 def test_workspace_unrotated_values(name, head_dim, ws_dtype):
     """Rotated sides un-rotated in the workspace (the path prefill takes: int4 at power-of-two head
     dims, FP8 at any), bit for bit: the reference's float32 dequantization (int4: code * s + m), its
