@@ -290,5 +290,81 @@ def test_hopper_write_uses_fp8_instructions():
     assert found == {"fp8_e4m3": ["cvt.rn.satfinite.e4m3"], "fp8_e5m2-static": ["cvt.rn.satfinite.e5m2"]}, found
 
 
+SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "LDL", "STL", "FADD", "FFMA", "FMUL", "PRMT", "LOP3", "I2F")
+
+
+def sass_counts(cubin: bytes) -> dict:
+    """Instruction counts by opcode (without modifiers) of a cubin, by the nvdisasm Triton ships."""
+    import collections
+    import tempfile
+
+    import triton
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    pat = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
+    return dict(collections.Counter(m.group(1).split(".")[0] for m in re.finditer(pat, sass, re.M)))
+
+
+def workspace_sass(formats=("int4", "fp8_e4m3", "int8"), arch: int = 90, module=None) -> dict:
+    """The prefill workspace's dequantize kernel as the engine launches it at Llama-3.1-8B's shape (8 kv
+    heads, head_dim 128, block 16, bf16 workspace, rotated sides un-rotated, V's mean added), compiled
+    for sm_`arch`: {format: {"shared": bytes, "unrotated": bool, SASS opcode: count}}. `module`: another
+    copy of `kvpack.kernels.prefill_workspace` (benchmarks/sass_workspace.py)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kvpack.attention.kv_cache import allocate_pool
+    from kvpack.formats import resolve_format
+
+    if module is None:
+        from kvpack.kernels import prefill_workspace as module
+    out = {}
+    for name in formats:
+        fmt = resolve_format(name, head_dim=128, model_dtype=torch.bfloat16)
+        pool = allocate_pool(fmt, 64, 8, 16, "cpu")
+        unrot = module.can_unrotate(fmt)
+        (fn, args, opts), = captured_launches(lambda: module.dequantize_to_workspace(
+            pool, pool, torch.arange(32, dtype=torch.int32), 32, torch.bfloat16, unrotate_k=unrot,
+            unrotate_v=unrot, v_mean=torch.zeros(8, 128)))
+        sig, consts, attrs = signature(fn, args)
+        ck = triton.compile(triton.compiler.ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                            options=opts)
+        out[name] = {"shared": ck.metadata.shared, "unrotated": unrot, **sass_counts(ck.asm["cubin"])}
+    return out
+
+
+def test_workspace_unrotation_stays_in_registers():
+    """int4's un-rotating dequantize moves its rows through shared memory no more than FP8's (the
+    same butterflies on rows of the same shape). Session 14: int4's group scales gathered per channel
+    made the compiler stage every row (sm_90: 156 LDS / 161 STS / 25 BAR against FP8's 8 / 4 / 5),
+    and the kernel ran 11x FP8's time on an H200 (374 against 33 us a layer for 10k tokens), which
+    made int4 prefill 1.30x bf16's. A static check (no GPU): SASS of the sm_90 compile."""
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
+        pytest.skip("this Triton ships no nvdisasm")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "workspace-sass"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    i4, f8 = got["int4"], got["fp8_e4m3"]
+    assert i4["unrotated"] and f8["unrotated"]
+    staged = lambda c: c.get("LDS", 0) + c.get("STS", 0)  # noqa: E731
+    assert staged(i4) <= staged(f8) + 8 and i4.get("BAR", 0) <= f8.get("BAR", 0) + 2, got
+    assert f8.get("SHFL", 0) > 0 and staged(f8) > 0  # the counts see the butterflies' shuffles and staging
+
+
 if __name__ == "__main__":
-    print(json.dumps(hopper_fp8_write_ptx() if sys.argv[1:] == ["hopper-fp8-write"] else compile_all()))
+    mode = sys.argv[1:]
+    if mode == ["hopper-fp8-write"]:
+        print(json.dumps(hopper_fp8_write_ptx()))
+    elif mode == ["workspace-sass"]:
+        print(json.dumps(workspace_sass()))
+    else:
+        print(json.dumps(compile_all()))
