@@ -377,19 +377,20 @@ def test_workspace_values(name, static, ws_dtype):
 
 
 @pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name,head_dim", [("int4", 32), ("int4", 64), ("int4", 128), ("fp8_e4m3", 128),
-                                           ("fp8_e5m2", 80)])
-def test_workspace_unrotated_values(name, head_dim, ws_dtype):
+@pytest.mark.parametrize("name,head_dim,group,bs", [("int4", 32, 32, 16), ("int4", 64, 32, 16), ("int4", 128, 32, 16),
+                                                    ("int4", 128, 128, 32), ("int4", 256, 64, 16),
+                                                    ("fp8_e4m3", 128, 32, 16), ("fp8_e5m2", 80, 32, 16)])
+def test_workspace_unrotated_values(name, head_dim, group, bs, ws_dtype):
     """Rotated sides un-rotated in the workspace (the path prefill takes: int4 at power-of-two head
-    dims, FP8 at any), bit for bit: the reference's float32 dequantization (int4: code * s + m), its
-    Hadamard butterflies (`hadamard_transform`: x @ R, R @ R = I), V's mean added, one rounding to
-    the workspace dtype."""
+    dims, FP8 at any), bit for bit: the reference's float32 dequantization (int4: code * s + m, groups
+    of 32 to 128 channels, 1 to 4 a head), its Hadamard butterflies (`hadamard_transform`: x @ R,
+    R @ R = I), V's mean added, one rounding to the workspace dtype."""
     from kvpack.kernels.prefill_workspace import can_unrotate, dequantize_to_workspace
 
     gen = torch.Generator().manual_seed(5)
-    hkv, bs, d = 2, 16, head_dim
-    fmt = resolve_format(name, head_dim=d, model_dtype=torch.bfloat16)
-    assert can_unrotate(fmt)
+    hkv, d = 2, head_dim
+    fmt = resolve_format(name, head_dim=d, model_dtype=torch.bfloat16, int4_group_size=group)
+    assert can_unrotate(fmt) and (fmt.kind != "int4" or fmt.group_size == group)
     pool = allocate_pool(fmt, 5, hkv, bs, DEV)
     x = torch.randn(5 * bs, hkv, d, generator=gen) * 3
     x[:, :, 7] += 20.0  # an outlier channel
