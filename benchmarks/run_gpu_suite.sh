@@ -63,6 +63,7 @@ if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader,nounits \
     -lms 500 > "$W/gpu_clocks.csv" 2> /dev/null &
   SAMPLER=$!
+  trap 'kill "$SAMPLER" 2> /dev/null' EXIT  # also when the suite is interrupted
 fi
 "$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' >> "$OUT/run.log" 2>&1
 
@@ -217,22 +218,28 @@ if e2e:
                  [[r["workload"], r["engine"], r["kv_cache_dtype"], r["num_requests"], f(r["output_tok_s"], ",.0f"),
                    f(r["vs_transformers"], ".2f")] for r in e2e["results"]]), ""]
 
-def clocks_during(t0, t1):
-    """Mean SM MHz, memory MHz, W and deg C of the sampler's rows inside [t0, t1] (unix seconds)."""
+def read_clocks():
+    """The sampler's rows: (unix seconds, [SM MHz, memory MHz, W, deg C])."""
     import datetime
-    got = []
+    rows = []
     try:
-        for line in open(os.path.join(W, "gpu_clocks.csv")):
-            p = [x.strip() for x in line.split(",")]
-            try:
-                ts = datetime.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local time, as time.time()
-                vals = [float(x) for x in p[1:5]]
-            except (ValueError, IndexError):
-                continue
-            if t0 <= ts <= t1:
-                got.append(vals)
+        lines = open(os.path.join(W, "gpu_clocks.csv")).readlines()
     except OSError:
-        return None
+        return rows
+    for line in lines:
+        p = [x.strip() for x in line.split(",")]
+        try:  # nvidia-smi's timestamp is local time, as time.time() reads it
+            rows.append((datetime.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f").timestamp(),
+                         [float(x) for x in p[1:5]]))
+        except (ValueError, IndexError):
+            continue
+    return rows
+
+CLOCKS = read_clocks()
+
+def clocks_during(t0, t1):
+    """Means of the sampled values inside [t0, t1] (unix seconds), and the sample count."""
+    got = [v for ts, v in CLOCKS if t0 <= ts <= t1]
     return [sum(c) / len(got) for c in zip(*got)] + [len(got)] if got else None
 
 clock_rows = []
