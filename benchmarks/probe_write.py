@@ -6,6 +6,7 @@ Llama-3.1-8B K and V (8 kv heads, head dim 128, bf16 input, random slots) at eac
 ceiling: it reads and writes them). Prints one line per case: us and TB/s of input.
 
     python benchmarks/probe_write.py --tokens 16384
+    python benchmarks/probe_write.py --tokens 65536 --block-t auto --warps 4 --rows 0,1  # the two layouts
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> int:
     ap.add_argument("--block-t", default="8,16,32")
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--rep-ms", type=int, default=30)
+    ap.add_argument("--rows", default="auto", help="comma list of auto / 0 / 1: the launcher's rule, the "
+                    "plain layout, the row layout (`cache_write.row_layout`, where the format takes it)")
     args = ap.parse_args()
 
     from benchmarks.bench_attention import Shape, make_cache, time_graph
@@ -50,16 +53,19 @@ def main() -> int:
     print(f"{'copy (read + write)':24s} {us:8.1f} us {in_bytes / us / 1e6:6.2f} TB/s of input", flush=True)
     for fmt_name in args.formats.split(","):
         lc = make_cache(fmt_name, shape, nb, dev)
-        for bt in (int(x) for x in args.block_t.split(",")):
-            for nw in (int(x) for x in args.warps.split(",")):
-                grid, kargs, opts = plan_write(k, v, lc, slots, block_t=bt, num_warps=nw)
-                try:
-                    us = time_graph(lambda: _cache_write_kernel[grid](*kargs, **opts), args.rep_ms)
-                except Exception as e:  # e.g. out of registers / shared memory for a large tile
-                    print(f"{fmt_name:12s} bt={bt:3d} w={nw} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                    continue
-                print(f"{fmt_name:12s} bt={bt:3d} w={nw}  {us:8.1f} us {in_bytes / us / 1e6:6.2f} TB/s of input",
-                      flush=True)
+        cases = [(r, bt, nw) for r in args.rows.split(",")
+                 for bt in ([None] if args.block_t == "auto" else [int(x) for x in args.block_t.split(",")])
+                 for nw in (int(x) for x in args.warps.split(","))]
+        for rows, bt, nw in cases:
+            grid, kargs, opts = plan_write(k, v, lc, slots, block_t=bt, num_warps=nw,
+                                           rows=None if rows == "auto" else rows == "1")
+            tag = f"{fmt_name:12s} rows={rows:4s} ({int(any(kargs[-3:-1]))}) bt={T // grid[0]:3d} w={nw}"
+            try:
+                us = time_graph(lambda: _cache_write_kernel[grid](*kargs, **opts), args.rep_ms)
+            except Exception as e:  # e.g. out of registers / shared memory for a large tile
+                print(f"{tag} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            print(f"{tag}  {us:8.1f} us {in_bytes / us / 1e6:6.2f} TB/s of input", flush=True)
     return 0
 
 

@@ -151,6 +151,40 @@ def test_write_centered(name, D):
     run_write(name, name, T=19, H=2, D=D, dtype=torch.bfloat16, centered=True)
 
 
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("name", ["int4", "int4-norot", "int8", "fp8_e4m3", "fp8_e5m2-static", "bfloat16"])
+def test_write_row_layout(name, D, monkeypatch):
+    """The row layout (`cache_write.row_layout`: 32 channels of a row per thread, loaded and stored
+    through a 4-D pointer tensor) on every side that takes it, here at a few tokens (the launcher's
+    default takes it from ROW_MIN_TOKENS): codes, scales and zeros still equal the reference's bits,
+    with the layer means subtracted too."""
+    from kvpack.kernels import cache_write
+
+    monkeypatch.setattr(cache_write, "ROW_MIN_TOKENS", 1)
+    run_write(name, name, T=37, H=2, D=D, dtype=torch.bfloat16, centered=name != "bfloat16")
+    run_write(name, "int4", T=21, H=3, D=D, dtype=torch.float32)
+    if name.startswith("int4") and D == 128:  # groups over several lanes' chunks
+        for group in (64, 128):
+            run_write(name, name, T=19, H=2, D=D, dtype=torch.bfloat16, group_size=group)
+
+
+def test_write_row_layout_is_taken():
+    """The launcher's rule: rotated or int4 sides at power-of-two head dims >= 32, from ROW_MIN_TOKENS
+    tokens; the rest (and every side of a short write) keep the plain layout."""
+    from kvpack.kernels.cache_write import ROW_MIN_TOKENS, plan_write
+
+    def rows(name, D, T):
+        lc = LayerKVCache(make_pool(name, D, 4, 2, 16, "cpu"), make_pool("bfloat16", D, 4, 2, 16, "cpu"))
+        k = torch.zeros(T, 2, D)
+        return plan_write(k, k, lc, torch.zeros(T, dtype=torch.long))[1][-3:-1]
+
+    T = ROW_MIN_TOKENS
+    assert rows("int4", 128, T) == [True, False] and rows("int4", 128, T - 1) == [False, False]
+    assert rows("fp8_e4m3", 64, T) == [True, False] and rows("int4-norot", 64, T) == [True, False]
+    assert rows("int8", 128, T) == [False, False] and rows("int4", 80, T) == [False, False]
+    assert rows("int4", 16, T) == [False, False]
+
+
 def test_write_single_token_and_all_dropped():
     run_write("int4", "int8", T=1, drop=False)
     run_write("int8", "int8", T=3, drop=False, seed=1)
