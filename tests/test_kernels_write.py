@@ -403,6 +403,36 @@ def test_write_gpu_fp8_special_values(kind, static, monkeypatch):
         assert_same_cache(LayerKVCache(nan_sign_dropped(got.k), nan_sign_dropped(got.v)), ref)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,rotate", [("int8", False), ("fp8_e4m3", False), ("fp8_e4m3", True), ("fp8_e5m2", True),
+                                         ("int4", False), ("int4", True)])
+def test_write_gpu_dynamic_scale_extreme_rows(name, rotate):
+    """A dynamic scale's quotient without the per-element NaN guard (`quant.div_by_scale_rows`, int4:
+    one guard per group, `quant.int4_encode`): rows whose scale overflows fp16 to inf (absmax 1e30,
+    1e5 * QMAX), int4 groups whose min is below -65504 (zero -inf), rows of +-0 and subnormal-scale rows,
+    beside ordinary ones, rotated or not (the row layout where it rotates), 1200 and 40 tokens: the
+    reference's codes and scales."""
+    from kvpack.kernels import write_kv
+
+    gen = torch.Generator().manual_seed(11)
+    D, H, bs, T = 128, 2, 16, 1200
+    k = torch.randn(T, H, D, generator=gen)
+    k[0::7] *= 1e30  # s = inf: every code 0
+    k[1::7] *= 1e5  # int8: s = fp16(absmax / 127) overflows too; FP8 e4m3 / e5m2 near their edge
+    k[2::7] = 0.0
+    k[3::7, :, ::2] = -0.0
+    k[4::7] *= 1e-9  # s rounds to an fp16 subnormal or 0 (-> 1)
+    v = k.flip(0).contiguous()
+    fmt = resolve_format(name, head_dim=D, rotate=rotate)
+    lc = LayerKVCache(allocate_pool(fmt, T // bs + 2, H, bs, "cpu"), allocate_pool(fmt, T // bs + 2, H, bs, "cpu"))
+    for n in (T, 40):  # >= ROW_MIN_TOKENS (the row layout where the format takes it) and a decode-sized write
+        slots = torch.randperm((T // bs + 2) * bs, generator=gen)[:n]
+        ref = reference_write_cpu(k[:n], v[:n], lc, slots)
+        got = to_device(lc, "cuda")
+        write_kv(k[:n].cuda(), v[:n].cuda(), got, slots.cuda())
+        assert_same_cache(to_device(got, "cpu"), ref)
+
+
 def test_reference_cpu_path_matches_reference():
     """The helper the GPU tests use (CPU reference on pre-rotated input) equals the plain reference."""
     gen = torch.Generator().manual_seed(3)

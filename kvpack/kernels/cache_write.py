@@ -28,7 +28,8 @@ from kvpack.attention.reference import storage_input
 from kvpack.formats import QMAX, hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard
 from kvpack.kernels.quant import (
-    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, div_by_scale, f32_to_bf16_rne, fp8_encode,
+    INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, div_by_scale, div_by_scale_rows,
+    f32_to_bf16_rne, fp8_encode,
     fp8_encode_hw, int4_encode, int4_pack, int8_encode, next_pow2,
 )
 
@@ -77,7 +78,8 @@ def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PA
     run in registers instead of across lanes, and `_store_row_layout` stores the codes from the same
     lanes (sm_90 SASS: int4 47.8 -> 34.9 instructions an element, FP8 32.5 -> 26.6, no shared
     memory; the write is bound by instruction issue. H200, 65536 tokens of Llama-8B: int4 217 -> 182
-    us, FP8 159 -> 147 us; results/write_s15)."""
+    us, FP8 159 -> 147 us; with the per-row / per-group division guards then 168 and 134 us;
+    results/write_s15)."""
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh
     if ROWS:  # D a power of two, a multiple of ROW_CHUNK
         BT: tl.constexpr = tok.shape[0]
@@ -139,7 +141,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         else:
             tl.store(scales_ptr + g_off, s.to(tl.float16), mask=tmask[:, None, None])
             tl.store(zeros_ptr + g_off, m, mask=tmask[:, None, None])
-        code = int4_encode(xg, m.to(tl.float32), s, tl.math.div_rn(1.0, s))
+        code = int4_encode(xg, m.to(tl.float32), s, tl.math.div_rn(1.0, s), True)
         # byte j = code j | code (j + D/2) << 4: a sum over the halves' axis (disjoint bits)
         c2 = tl.reshape(code, (BT, 2, D // 2)) << (4 * tl.arange(0, 2))[None, :, None]
         packed = tl.sum(c2, axis=1).to(tl.uint8)
@@ -212,12 +214,16 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 _store_rows_f16(scales_ptr + s_row, s1.to(tl.float16), tmask)
                 s = s1[:, None]
                 r = tl.math.div_rn(1.0, s1)[:, None]  # one division per row; per element: div_by_scale
+            # a dynamic scale is the row's own: the quotient needs no per-element NaN guard and is
+            # never infinite (`div_by_scale_rows`); a static one needs both
             if FMT == K_FMT_INT8:
-                code = int8_encode(x, s, r).to(tl.int8)
-            elif HW_FP8:
-                code = fp8_encode_hw(div_by_scale(x, s, r), FMT)
+                code = int8_encode(x, s, r, not STATIC).to(tl.int8)
+            elif STATIC:
+                v = div_by_scale(x, s, r)
+                code = fp8_encode_hw(v, FMT) if HW_FP8 else fp8_encode(v, FMT)
             else:
-                code = fp8_encode(div_by_scale(x, s, r), FMT)
+                v = div_by_scale_rows(x, s, r)
+                code = fp8_encode_hw(v, FMT, True) if HW_FP8 else fp8_encode(v, FMT)
             if ROWS:
                 _store_row_layout(codes_ptr + c_row, code, tmask, D)
             else:
