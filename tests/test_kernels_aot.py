@@ -340,22 +340,28 @@ def workspace_sass(formats=("int4", "fp8_e4m3", "int8"), arch: int = 90, module=
     return out
 
 
-def test_workspace_unrotation_stays_in_registers():
-    """int4's un-rotating dequantize moves its rows through shared memory no more than FP8's (the
-    same butterflies on rows of the same shape). Session 14: int4's group scales gathered per channel
-    made the compiler stage every row (sm_90: 156 LDS / 161 STS / 25 BAR against FP8's 8 / 4 / 5),
-    and the kernel ran 11x FP8's time on an H200 (374 against 33 us a layer for 10k tokens), which
-    made int4 prefill 1.30x bf16's. A static check (no GPU): SASS of the sm_90 compile."""
+def sass_in_subprocess(mode: str):
+    """`python -m tests.test_kernels_aot <mode>` compiled in a fresh process (no interpreter), its JSON;
+    skips where Triton ships no nvdisasm."""
     import triton
 
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
         pytest.skip("this Triton ships no nvdisasm")
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "workspace-sass"], cwd=root, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", mode], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_workspace_unrotation_stays_in_registers():
+    """int4's un-rotating dequantize moves its rows through shared memory no more than FP8's (the
+    same butterflies on rows of the same shape). Session 14: int4's group scales gathered per channel
+    made the compiler stage every row (sm_90: 156 LDS / 161 STS / 25 BAR against FP8's 8 / 4 / 5),
+    and the kernel ran 11x FP8's time on an H200 (374 against 33 us a layer for 10k tokens), which
+    made int4 prefill 1.30x bf16's. A static check (no GPU): SASS of the sm_90 compile."""
+    got = sass_in_subprocess("workspace-sass")
     i4, f8 = got["int4"], got["fp8_e4m3"]
     assert i4["unrotated"] and f8["unrotated"]
     staged = lambda c: c.get("LDS", 0) + c.get("STS", 0)  # noqa: E731
@@ -401,16 +407,7 @@ def test_write_row_layout_keeps_rows_in_registers():
     H200's issue rate by its SASS count). In the row layout each thread holds 32 channels of a row,
     so 5 of the 7 Hadamard stages and the int4 group reductions run in registers: fewer shuffles, no
     shared memory, fewer instructions an element than the plain layout (sm_90, no GPU needed)."""
-    import triton
-
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
-        pytest.skip("this Triton ships no nvdisasm")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "write-sass"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = sass_in_subprocess("write-sass")
     for name, c in got.items():
         rows, plain = c["rows"], c["plain"]
         assert rows["rows_taken"] == [True, True] and plain["rows_taken"] == [False, False], (name, c)

@@ -67,6 +67,15 @@ ROW_VEC = tl.constexpr(8)  # of them per load (16 bytes of bf16 / fp16)
 
 
 @triton.jit
+def _row_offsets(N: tl.constexpr):
+    """Element offsets within a row of N, as [chunk, 1 (token), piece, vec]: element piece * ROW_CHUNK
+    + chunk * ROW_VEC + vec. The chunk axis (slowest, no lanes left for it) lands in registers."""
+    ch = tl.arange(0, ROW_CHUNK // ROW_VEC)[:, None, None, None] * ROW_VEC
+    piece = tl.arange(0, N // ROW_CHUNK)[None, None, :, None] * ROW_CHUNK
+    return ch + piece + tl.arange(0, ROW_VEC)[None, None, None, :]
+
+
+@triton.jit
 def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PAD: tl.constexpr,
                ROWS: tl.constexpr = False):
     """The program's rows of one side [BT, D_PAD] in the input dtype (padding 0).
@@ -83,12 +92,7 @@ def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PA
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh
     if ROWS:  # D a power of two, a multiple of ROW_CHUNK
         BT: tl.constexpr = tok.shape[0]
-        NCH: tl.constexpr = ROW_CHUNK // ROW_VEC
-        NP: tl.constexpr = D // ROW_CHUNK
-        ch = tl.arange(0, NCH)[:, None, None, None] * ROW_VEC
-        piece = tl.arange(0, NP)[None, None, :, None] * ROW_CHUNK
-        e = tl.arange(0, ROW_VEC)[None, None, None, :]
-        x4 = tl.load(x_row[None, :, None, None] + (ch + piece + e), mask=tmask[None, :, None, None], other=0.0)
+        x4 = tl.load(x_row[None, :, None, None] + _row_offsets(D), mask=tmask[None, :, None, None], other=0.0)
         return tl.reshape(tl.permute(x4, (1, 2, 0, 3)), (BT, D))
     d = tl.arange(0, D_PAD)
     return tl.load(x_row[:, None] + d[None, :], mask=tmask[:, None] & (d < D)[None, :], other=0.0)
@@ -100,13 +104,8 @@ def _store_row_layout(row_ptr, x, tmask, N: tl.constexpr):
     pointer tensor of `_load_rows`' row layout, so that x (computed in that layout) is stored without a
     layout conversion (a plain [BT, N] store moved the codes through shared memory)."""
     BT: tl.constexpr = x.shape[0]
-    NCH: tl.constexpr = ROW_CHUNK // ROW_VEC
-    NP: tl.constexpr = N // ROW_CHUNK
-    ch = tl.arange(0, NCH)[:, None, None, None] * ROW_VEC
-    piece = tl.arange(0, NP)[None, None, :, None] * ROW_CHUNK
-    e = tl.arange(0, ROW_VEC)[None, None, None, :]
-    x4 = tl.permute(tl.reshape(x, (BT, NP, NCH, ROW_VEC)), (2, 0, 1, 3))
-    tl.store(row_ptr[None, :, None, None] + (ch + piece + e), x4, mask=tmask[None, :, None, None])
+    x4 = tl.permute(tl.reshape(x, (BT, N // ROW_CHUNK, ROW_CHUNK // ROW_VEC, ROW_VEC)), (2, 0, 1, 3))
+    tl.store(row_ptr[None, :, None, None] + _row_offsets(N), x4, mask=tmask[None, :, None, None])
 
 
 @triton.jit
