@@ -119,7 +119,7 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
     argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
             "--num-prompts", "6", "--input-len", "30:32", "--output-len", "4:6", "--num-blocks", "8",
             "--kv-cache-dtype", "bfloat16,int8", "--warmup-requests", "1", "--seed", "3",
-            "--output-json", str(path), "--step-log", str(tmp_path / "steps")]
+            "--output-json", str(path), "--step-log", str(tmp_path / "logs" / "steps")]
     rc, out, _ = _run(capsys, argv)
     assert rc == 0
     assert "output tok/s" in out and "| bfloat16 |" in out and "|     int8 |" in out
@@ -136,7 +136,7 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
         assert 0 < r["peak_kv_usage"] <= 1 and r["mean_ttft_ms"] > 0 and r["mean_tpot_ms"] > 0
         assert 0 < r["decode_tokens"] < n_out and r["decode_s"] < r["elapsed_s"]  # first tokens come from prefill
         # the step log (--step-log): one row per timed step, agreeing with the run's own totals
-        lines = (tmp_path / f"steps_{r['kv_cache_dtype']}.tsv").read_text().splitlines()
+        lines = (tmp_path / "logs" / f"steps_{r['kv_cache_dtype']}.tsv").read_text().splitlines()
         cols = lines[0].split("\t")
         rows = [dict(zip(cols, map(float, line.split("\t")))) for line in lines[1:]]
         assert len(rows) == r["steps"] and [x["step"] for x in rows] == list(range(r["steps"]))
@@ -154,7 +154,7 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
         assert sum(k["steps"] for k in kinds.values()) == r["steps"]
         assert sum(k["generated"] for k in kinds.values()) == n_out
         assert kinds["decode->decode"]["steps"] + kinds["decode->none"]["steps"] == r["decode_steps"]
-        summary = summarize_step_log.summarize(str(tmp_path / f"steps_{r['kv_cache_dtype']}.tsv"))
+        summary = summarize_step_log.summarize(str(tmp_path / "logs" / f"steps_{r['kv_cache_dtype']}.tsv"))
         for name, k in summary["kinds"].items():
             assert (k["steps"], k["generated"]) == (kinds[name]["steps"], kinds[name]["generated"])
             assert k["seconds"] == pytest.approx(kinds[name]["seconds"], abs=1e-3 * k["steps"] + 1e-6)
@@ -180,6 +180,21 @@ def test_throughput_repeats(tmp_path, capsys):
     assert r["input_tokens"] == n_in and r["all_blocks_free"] is True and payload["config"]["repeats"] == 3
     rc, _, err = _run(capsys, argv[:-2] + ["--repeats", "0"])
     assert rc == 2 and "--repeats" in err
+
+
+def test_throughput_step_log_directory_checked_first(tmp_path, capsys, monkeypatch):
+    """--step-log into a directory that cannot be made fails before any format runs (session 15: a
+    missing directory failed a KV-bound run after its first format's 99 s), naming the flag."""
+    import kvpack.tools.bench_throughput as bt
+
+    ran = []
+    monkeypatch.setattr(bt, "bench_format", lambda *a: ran.append(a))
+    (tmp_path / "file").write_text("")
+    argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+            "--num-prompts", "2", "--input-len", "8", "--output-len", "2", "--num-blocks", "16",
+            "--kv-cache-dtype", "bfloat16", "--step-log", str(tmp_path / "file" / "sub" / "steps")]
+    rc, _, err = _run(capsys, argv)
+    assert rc == 2 and "--step-log" in err and ran == []
 
 
 def test_throughput_keeps_finished_formats_when_cut(tmp_path, capsys, monkeypatch):

@@ -20,6 +20,7 @@ tok/s and their spread ((max - min) / median) beside it, so a ratio can be read 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -234,6 +235,14 @@ def run(args: argparse.Namespace) -> int:
         raise KVPackError("--num-prompts must be >= 1")
     if args.repeats < 1:
         raise KVPackError("--repeats must be >= 1")
+    if getattr(args, "step_log", None):  # before any format runs: a minutes-long run may not fail at its end
+        log_dir = os.path.dirname(os.path.abspath(args.step_log))
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+        except OSError as e:
+            raise KVPackError(f"--step-log: cannot create the directory {log_dir}: {e.strerror}") from e
+        if not os.access(log_dir, os.W_OK):
+            raise KVPackError(f"--step-log: the directory {log_dir} is not writable")
     max_model_len = args.max_model_len
     if max_model_len is None and not args.dataset:
         max_model_len = args.input_len.hi + args.output_len.hi
