@@ -83,7 +83,7 @@ def captured_launches(launch) -> list:
 def variants():
     """(name, jit fn, args, options) for every kernel variant the launchers produce."""
     from kvpack.attention import AttentionMetadata, LayerKVCache
-    from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
+    from kvpack.kernels.cache_write import ROW_MIN_TOKENS, _cache_write_kernel, plan_write
     from kvpack.kernels.decode_attention import _decode_kernel, _merge_kernel, plan_decode
     from kvpack.kernels.prefill_launch import prefill_paged_attention
     from tests.test_kernels_write import make_pool
@@ -97,8 +97,12 @@ def variants():
             k = torch.randn(5, 2, D, dtype=torch.bfloat16)
             grid, args, opts = plan_write(k, k, lc, torch.arange(5))
             out.append((f"write/{name}/D{D}", _cache_write_kernel, args, opts))
-            grid, args, opts = plan_write(k, k, lc, torch.arange(5), rows=True)
-            if any(args[-3:-1]):  # the row layout (`cache_write.row_layout`), taken by long writes
+            # the row layout (`cache_write.row_layout`), taken by long writes: planned as for one
+            kl = torch.zeros(ROW_MIN_TOKENS, 2, D, dtype=torch.bfloat16)
+            lcl = LayerKVCache(make_pool(name, D, ROW_MIN_TOKENS // 16, 2, 16, "cpu"),
+                               make_pool(name, D, ROW_MIN_TOKENS // 16, 2, 16, "cpu"))
+            grid, args, opts = plan_write(kl, kl, lcl, torch.arange(ROW_MIN_TOKENS))
+            if any(args[-3:-1]):
                 out.append((f"write-rows/{name}/D{D}", _cache_write_kernel, args, opts))
             if name in ("int8", "int4", "fp8_e4m3"):  # centered K and V: the mean subtract in the kernel
                 mean = torch.zeros(2, D)
@@ -370,10 +374,10 @@ def test_workspace_unrotation_stays_in_registers():
 
 
 def write_sass(formats=("int4", "fp8_e4m3"), arch: int = 90) -> dict:
-    """The cache write at Llama-3.1-8B's shape (8 kv heads, head_dim 128, block 16, bf16 K and V, 4096
-    tokens: the row layout) and in the plain layout (rows=False, its own token tile), compiled for
-    sm_`arch` (the FP8 encode as sm_90 runs it): {format: {"rows" | "plain": {"shared": bytes,
-    "elements": per thread, SASS opcode: count}}}."""
+    """The cache write at Llama-3.1-8B's shape (8 kv heads, head_dim 128; and 64, block 16, bf16 K and
+    V, 4096 tokens: the row layout) and in the plain layout (rows=False, its own token tile), compiled
+    for sm_`arch` (the FP8 encode as sm_90 runs it): {"format/Dd": {"rows" | "plain": {"shared":
+    bytes, "elements": per thread, SASS opcode: count}}}."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -383,10 +387,11 @@ def write_sass(formats=("int4", "fp8_e4m3"), arch: int = 90) -> dict:
     from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
 
     out = {}
-    for name in formats:
-        fmt = resolve_format(name, head_dim=128, model_dtype=torch.bfloat16)
+    for name, d in ((n, d) for n in formats for d in (64, 128)):
+        fmt = resolve_format(name, head_dim=d, model_dtype=torch.bfloat16)
         lc = LayerKVCache(allocate_pool(fmt, 256, 8, 16, "cpu"), allocate_pool(fmt, 256, 8, 16, "cpu"))
-        k = torch.zeros(4096, 8, 128, dtype=torch.bfloat16)
+        k = torch.zeros(4096, 8, d, dtype=torch.bfloat16)
+        name = f"{name}/D{d}"
         out[name] = {}
         for layout, rows in (("rows", True), ("plain", False)):
             grid, args, opts = plan_write(k, k, lc, torch.arange(4096), rows=rows)
@@ -396,7 +401,7 @@ def write_sass(formats=("int4", "fp8_e4m3"), arch: int = 90) -> dict:
             ck = triton.compile(triton.compiler.ASTSource(_cache_write_kernel, sig, consts, attrs),
                                 target=GPUTarget("cuda", arch, 32), options=opts)
             out[name][layout] = {"shared": ck.metadata.shared, "rows_taken": args[-3:-1],
-                                 "elements": block_t * 2 * 128 // (32 * opts["num_warps"]),
+                                 "elements": block_t * 2 * d // (32 * opts["num_warps"]),
                                  **sass_counts(ck.asm["cubin"])}
     return out
 
