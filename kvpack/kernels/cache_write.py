@@ -10,7 +10,7 @@ stages and final multiply as `kvpack.formats.hadamard_transform`. One exception:
 that is not a power of two (80, 96: Hadamard blocks straddle the two nibble halves) is centered and
 rotated by `storage_input` in the launcher, and the kernel quantizes.
 
-Long writes (>= ROW_MIN_TOKENS tokens: prefill) of rotated or int4 sides at power-of-two head dims use
+Long writes (>= ROW_MIN_TOKENS tokens: prefill) of rotated or int4 sides at head dims 64 and 128 use
 the row layout (`_load_rows`, `row_layout`): 32 consecutive channels of a row per thread, so that most
 butterfly stages and the group reductions stay in registers; short ones (decode) keep the plain layout.
 """
