@@ -144,7 +144,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         # byte j = code j | code (j + D/2) << 4: a sum over the halves' axis (disjoint bits)
         c2 = tl.reshape(code, (BT, 2, D // 2)) << (4 * tl.arange(0, 2))[None, :, None]
         packed = tl.sum(c2, axis=1).to(tl.uint8)
-        if ROWS and D // 2 >= ROW_CHUNK:
+        if ROWS:  # (head dims 64 / 128: D / 2 a multiple of ROW_CHUNK)
             _store_row_layout(codes_ptr + c_row, packed, tmask, D // 2)
         else:
             j = tl.arange(0, D // 2)

@@ -143,15 +143,23 @@ def div_by_scale(x, s, r):
     return v
 
 
-# the same quotient without the NaN guard (`div_by_scale_rows`)
-_ASM_DIV_BY_SCALE_NOGUARD = tl.constexpr("""{
-.reg .f32 q, e;
-mul.rn.f32 q, $1, $3;
-neg.f32 e, $1;
-fma.rn.f32 e, q, $2, e;
+# x * r and its correction, both returned, without the NaN guard (`div_by_scale_rows`, `int4_encode`)
+_ASM_DIV_BY_SCALE_PAIR = tl.constexpr("""{
+.reg .f32 e;
+mul.rn.f32 $0, $2, $4;
+neg.f32 e, $2;
+fma.rn.f32 e, $0, $3, e;
 neg.f32 e, e;
-fma.rn.f32 $0, e, $3, q;
+fma.rn.f32 $1, e, $4, $0;
 }""")
+
+
+@triton.jit
+def _div_pair(x, s, r):
+    """(q, corrected q) of `div_by_scale` without its guard: q = x r, q + (x - q s) r."""
+    return tl.inline_asm_elementwise(_ASM_DIV_BY_SCALE_PAIR, "=f,=f,f,f,f",
+                                     [x, tl.broadcast_to(s, x.shape), tl.broadcast_to(r, x.shape)],
+                                     dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -166,10 +174,7 @@ def div_by_scale_rows(x, s, r):
     if _INTERPRET_C:
         v = tl.math.div_rn(x, s)
     else:
-        s0 = tl.where(s == float("inf"), 0.0, s)
-        v = tl.inline_asm_elementwise(_ASM_DIV_BY_SCALE_NOGUARD, "=f,f,f,f",
-                                      [x, tl.broadcast_to(s0, x.shape), tl.broadcast_to(r, x.shape)],
-                                      dtype=tl.float32, is_pure=True, pack=1)
+        _, v = _div_pair(x, tl.where(s == float("inf"), 0.0, s), r)
     return v
 
 
@@ -180,17 +185,6 @@ def int8_encode(x, s, r, ROW_SCALE: tl.constexpr = False):
     v = div_by_scale_rows(x, s, r) if ROW_SCALE else div_by_scale(x, s, r)
     v = tl.minimum(tl.maximum(v, -_INT8_QMAX), _INT8_QMAX)  # clamp first: same result, no overflow
     return round_half_even(v)
-
-
-# x * r and its correction, both returned (`int4_encode`'s per-group guard)
-_ASM_DIV_BY_SCALE_PAIR = tl.constexpr("""{
-.reg .f32 e;
-mul.rn.f32 $0, $2, $4;
-neg.f32 e, $2;
-fma.rn.f32 e, $0, $3, e;
-neg.f32 e, e;
-fma.rn.f32 $1, e, $4, $0;
-}""")
 
 
 @triton.jit
@@ -205,10 +199,7 @@ def int4_encode(x, m, s, r, GROUP_GUARD: tl.constexpr = False):
     together. So q is taken on such groups and the correction on the others: 1 select an element
     instead of 3 instructions, the same codes."""
     if GROUP_GUARD and not _INTERPRET_C:
-        xm = x - m
-        q, e = tl.inline_asm_elementwise(_ASM_DIV_BY_SCALE_PAIR, "=f,=f,f,f,f",
-                                         [xm, tl.broadcast_to(s, xm.shape), tl.broadcast_to(r, xm.shape)],
-                                         dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        q, e = _div_pair(x - m, s, r)
         v = tl.where((s == float("inf")) | (m == -float("inf")), q, e)
     else:
         v = div_by_scale(x - m, s, r)
