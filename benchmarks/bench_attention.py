@@ -270,6 +270,11 @@ TUNE_CONFIGS = [
     # tiles ahead through a cp.async ring in shared memory (33 / 50 KB per program: 6 / 4 per SM)
     ("frag-pf1", "frag", {"prefetch": 1}),
     ("frag-pf2", "frag", {"prefetch": 2}),
+    # session 16: int4 in "frag" (dequantized in registers; PREFETCH is an L2 prefetch distance there,
+    # default 1): sm_90 SASS 2147 instructions per 64-token tile, no shared memory, 251 registers
+    ("frag-pf0", "frag", {"prefetch": 0}),
+    ("frag-r168", "frag", {"maxnreg": 168}),
+    ("frag-r128", "frag", {"maxnreg": 128}),
     # session 10: the split merge fused into the decode kernels (the last split program merges) against
     # `_merge_kernel` as a second launch, every variant at its own plan (run with --tune-splits 0)
     ("auto-separate", "auto", {"merge": "separate"}),

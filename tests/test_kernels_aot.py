@@ -128,7 +128,7 @@ def variants():
                 plan = plan_decode(q, lc, meta, 0.1, num_splits=2, variant="imma")
                 assert plan.variant == "imma", plan.variant
                 out.append((f"decode-imma/{name}/D{D}", plan.kernel, plan.args, plan.options))
-            if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static"):  # Gluon, fragment-layout loads
+            if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static", "int4"):  # Gluon, fragment layout
                 for splits, merge in ((1, "auto"), (2, "separate"), (2, "fused")):
                     plan = plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="frag", prefetch=0, merge=merge)
                     assert plan.variant == "frag", plan.variant
@@ -139,9 +139,10 @@ def variants():
                     plan = plan_decode(q, clc, meta, 0.1, num_splits=2, variant="frag", prefetch=0, merge="fused")
                     out.append((f"decode-frag/{name}/D{D}/splits2/fused/centered", plan.kernel, plan.args,
                                 plan.options))
-                # whole tiles through a cp.async ring (Ampere's cp.async: no TMA)
+                # whole tiles through a cp.async ring (Ampere's cp.async: no TMA); int4: an L2 prefetch instead
                 plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
-                out.append((f"decode-ring/{name}/D{D}", plan.kernel, plan.args, plan.options))
+                out.append((f"decode-{'frag-pf' if name == 'int4' else 'ring'}/{name}/D{D}", plan.kernel, plan.args,
+                            plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
@@ -246,7 +247,7 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     (at most 16 x 128 bytes; one 64-token tile staged would need >= 8 KB)."""
     frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
     dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1/auto"]
-    assert len(frag) == 26, [r["variant"] for r in frag]
+    assert len(frag) == 34, [r["variant"] for r in frag]
     for r in frag:
         assert r["shared"] <= (2048 if "/int8" in r["variant"] else 0), (r["variant"], r["shared"])
     ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)

@@ -214,6 +214,29 @@ def test_decode_frag_gpu(k_name, v_name, block_size, splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,group_size", [("int4", "int4", 32), ("int4", "int4", 16), ("int4", "int4", 64),
+                                                       ("int4", "int8", 32), ("fp8_e4m3", "int4", 32)])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_decode_frag_int4_gpu(k_name, v_name, group_size, block_size, splits, prefetch):
+    """int4 in "frag" (codes dequantized in the MMA fragment layout; channels permuted for q and the
+    output) against the reference, with the same tolerance as "dot": group sizes 16 / 32 / 64, int4 on
+    one side only, odd lengths, random block tables, split-K, with and without the L2 prefetch."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    lens = [1, 17, 64, 1000, 4099, 257]
+    q, lc, meta = build_case(k_name, v_name, lens, 32, 8, 128, block_size, device="cuda", group_size=group_size)
+    scale = 128 ** -0.5
+    plan = plan_decode(q, lc, meta, scale, num_splits=splits, variant="frag", prefetch=prefetch)
+    assert plan.variant == "frag" and plan.args[plan.kernel.arg_names.index("PREFETCH")] == prefetch
+    out = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="frag", prefetch=prefetch)
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    err = ((out.float() - ref).abs() - RTOL * ref.abs()).max().item()
+    assert err <= ATOL, f"{k_name}/{v_name} g{group_size} bs{block_size} splits {splits}: {err:.2e}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
                                             ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
 @pytest.mark.parametrize("block_size", [8, 16, 64])
@@ -243,7 +266,7 @@ def test_decode_frag_gpu_group_sizes(Hq, Hkv):
 
 @pytest.mark.parametrize("k_name,v_name,D,Hq,bs,want", [
     ("int8", "int8", 128, 4, 16, "frag"), ("fp8_e4m3", "int8-static", 128, 32, 8, "frag"),
-    ("int4", "int4", 128, 4, 16, "dot"), ("int8", "bfloat16", 128, 4, 16, "imma"), ("int8", "int8", 64, 4, 16, "imma"),
+    ("int4", "int4", 128, 4, 16, "frag"), ("int4", "int8", 128, 4, 16, "frag"), ("int8", "bfloat16", 128, 4, 16, "imma"), ("int8", "int8", 64, 4, 16, "imma"),
     ("int8", "int8", 128, 34, 16, "imma"), ("int8", "int8", 128, 4, 4, "imma"), ("fp8_e5m2", "fp8_e4m3", 64, 4, 16, "dot")])
 def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
     """"frag" covers 8-bit codes on both sides, head_dim 128, GQA groups <= 16 and blocks >= 8 when
@@ -257,6 +280,22 @@ def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
     monkeypatch.setattr(da, "INTERPRET", True)
     fallback = "imma" if k_name == "int8" else "dot"
     assert da.plan_decode(q, lc, meta, 0.1, variant="frag").variant == fallback
+
+
+@pytest.mark.parametrize("group_size,want", [(8, "dot"), (16, "frag"), (64, "frag")])
+def test_frag_int4_scope(group_size, want, monkeypatch):
+    """int4 in "frag" needs groups of >= 16 channels (a lane's 16 K code bytes share one); "auto" on int4
+    stays "dot" (no faster, session 16); the L2 prefetch (PREFETCH 1) is the default, never the ring."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
+    q, lc, meta = build_case("int4", "int4", [3, 4000], 32, 8, 128, 16, group_size=group_size)
+    monkeypatch.setattr(da, "INTERPRET", False)
+    plan = da.plan_decode(q, lc, meta, 0.1, variant="frag")
+    assert plan.variant == want
+    if want == "frag":
+        assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == 1
+    assert da.plan_decode(q, lc, meta, 0.1).variant == "dot"
 
 
 @pytest.mark.parametrize("kinds", [("fp8_e4m3", "fp8_e5m2"), ("int8", "int8"), ("int8-static", "int8")])
@@ -687,8 +726,10 @@ def test_variant_selection(monkeypatch):
     assert choose_variant("int8", "int8") == "frag?"  # session 7: frag-int8 faster on long splits
     assert choose_variant("fp8_e4m3", "int4") == "dot"
     assert choose_variant("int4", "int4", "imma") == "dot"  # imma needs int8 K
-    assert choose_variant("float", "int8", "frag") == "dot"  # frag needs 8-bit codes on both sides
-    assert choose_variant("int8", "int4", "frag") == "imma"  # ... else the fallback
+    assert choose_variant("float", "int8", "frag") == "dot"  # frag needs 8-bit or int4 codes on both sides
+    assert choose_variant("float", "int4", "frag") == "dot"
+    assert choose_variant("int8", "float", "frag") == "imma"  # ... else the fallback
+    assert choose_variant("int8", "int4", "frag") == "frag"  # int4 (session 16): when asked for
     monkeypatch.setenv("KVPACK_DECODE_VARIANT", "dot")
     assert choose_variant("int8", "fp8_e5m2") == "dot"
     assert choose_variant("int8", "int8", "imma") == "imma"  # an explicit argument wins

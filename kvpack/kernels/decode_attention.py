@@ -42,12 +42,12 @@ from kvpack.attention.kv_cache import LayerKVCache
 from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge, choose_num_splits, choose_ring_splits,
-    choose_variant, fallback_variant, merge_chunk, merge_counters,
+    FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge, choose_num_splits,
+    choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
-    int4_lo, int4_to_f16, int8_to_f16, next_pow2, Q_LO_STEPS, split_q_int8,
+    int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, Q_LO_STEPS, split_q_int8,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -132,13 +132,6 @@ def _dot(a, b, DT: tl.constexpr, acc=None):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """PTX prefetch.global.L2 of every address in ptrs (a hint: no registers, no wait)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefetch_side(c_ptr, s_ptr, z_ptr, c_row, s_row, FMT: tl.constexpr, STATIC: tl.constexpr,
                    D: tl.constexpr):
     """L2 prefetch of one side's rows: every 128-byte line of the codes, the scale (and zero) rows."""
@@ -146,13 +139,13 @@ def _prefetch_side(c_ptr, s_ptr, z_ptr, c_row, s_row, FMT: tl.constexpr, STATIC:
     LINE: tl.constexpr = 1024 // c_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 bytes
     LINES: tl.constexpr = triton.next_power_of_2(triton.cdiv(ROW, LINE))
     if LINES == 1:
-        _prefetch_l2(c_ptr + c_row)
+        prefetch_l2(c_ptr + c_row)
     else:
-        _prefetch_l2(c_ptr + c_row[:, None] + tl.minimum(tl.arange(0, LINES) * LINE, ROW - 1)[None, :])
+        prefetch_l2(c_ptr + c_row[:, None] + tl.minimum(tl.arange(0, LINES) * LINE, ROW - 1)[None, :])
     if FMT != K_FMT_FLOAT and not STATIC:
-        _prefetch_l2(s_ptr + s_row)
+        prefetch_l2(s_ptr + s_row)
         if FMT == K_FMT_INT4:
-            _prefetch_l2(z_ptr + s_row)
+            prefetch_l2(z_ptr + s_row)
 
 
 @triton.jit
@@ -545,13 +538,15 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     dev = q.device
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
+    int4 = "int4" in (kp.fmt.kind, vp.fmt.kind)
     if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
-                                           or block_size < 8):
+                                           or block_size < 8 or (int4 and min(kp.fmt.group_size, vp.fmt.group_size)
+                                                                 < FRAG_INT4_MIN_GROUP)):
         variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
     # "frag" copies whole tiles a tile ahead through a cp.async ring where its grid stays small
-    # (`choose_ring_splits`; blocks >= 16 tokens: the scale copies need 4-byte alignment)
+    # (`choose_ring_splits`; blocks >= 16 tokens: the scale copies need 4-byte alignment; 8-bit codes only)
     ring_splits = None
-    if variant in ("frag", "frag?") and prefetch is None and block_size >= 16:
+    if variant in ("frag", "frag?") and prefetch is None and block_size >= 16 and not int4:
         ring_splits = choose_ring_splits(B, Hkv, metadata.max_seq_len, dev)
 
     def split_len(splits: int) -> int:
@@ -566,9 +561,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
             num_splits = ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
-        if prefetch is None:
-            prefetch = 1 if ring_splits else 0
-        elif block_size < 16:  # the ring's scale copies need 4-byte alignment: direct loads
+        if prefetch is None:  # int4: an L2 prefetch distance (no ring), as "dot" prefetches int4
+            prefetch = 1 if ring_splits or int4 else 0
+        elif block_size < 16 and not int4:  # the ring's scale copies need 4-byte alignment
             prefetch = 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)

@@ -34,7 +34,19 @@ data between lanes.
   same codes: the outputs equal PREFETCH = 0 bit for bit (gpu-marked test). The last, partial tile
   still loads directly. Blocks of >= 16 tokens only (the scale copies need 4-byte alignment).
 
-Scope: int8 and FP8 codes on both sides (per-token or static scales), head_dim 128, one warp, 64-token
+- int4 (session 16, only when asked for: variant="frag"): K and V codes are dequantized in registers
+  (code * s + m, one fp16 fma per pair after an exact nibble -> fp16 conversion, `_ASM_INT4_DEQ`) and
+  go to fp16 MMAs. Byte j of a code row holds channels j and j + 64. K: lane t reads bytes 16 t .. 16 t
+  + 15 of a token (one 16-byte load): channels 16 t + b (low nibbles) and 64 + 16 t + b (high), two
+  groups a lane; logical channel 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 h + e
+  (q permuted alike). V: lane 4 nl + t reads bytes 8 nl .. 8 nl + 7 of its tokens; logical output
+  channel 8 m + nl is channel 64 (m // 8) + 8 nl + m % 8. PREFETCH is an L2 prefetch distance there
+  (`prefetch.global.L2` of the tile PREFETCH ahead; default 1), not the ring. Measured on an H200
+  (results/attention_s16): within 1-3 % of "dot" at batch >= 8 and 7-11 % slower at 1 x 32768, so
+  "auto" keeps "dot"; both sit at ~1.85 TB/s with ~250 registers (8 one-warp programs per SM).
+  Group sizes >= 16 (a lane's 16 K bytes share a group).
+
+Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
 compiles it ahead of time (tests/test_kernels_aot.py); the gpu-marked tests compare it with the
@@ -47,7 +59,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from kvpack.kernels.quant import K_FMT_INT8, fp8_decode_f16, int8_to_f16, split_q_int8
+from kvpack.kernels.quant import K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, int8_to_f16, prefetch_l2, split_q_int8
 
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
 A_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -68,6 +80,16 @@ K_LOAD = gl.BlockedLayout(size_per_thread=[8, 1, 1, 32], threads_per_warp=[1, 8,
 # V tile as [s 4, h 2, t 4, e 2, nl 8, m 16]: token 16 s + 8 h + 2 t + e, code byte 16 nl + m; lane 4 nl + t
 V_LOAD = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 16], threads_per_warp=[1, 1, 4, 1, 8, 1],
                           warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
+# int4 (two codes a byte, split-half nibbles; see the module doc):
+# K tile as [i 8, nl 8, t 4, b 16]: token 8 i + nl, code byte 16 t + b; lane 4 nl + t
+K4_LOAD = gl.BlockedLayout(size_per_thread=[8, 1, 1, 16], threads_per_warp=[1, 8, 4, 1],
+                           warps_per_cta=[1, 1, 1, 1], order=[3, 2, 1, 0])
+# V tile as [s 4, h 2, t 4, e 2, nl 8, m 8]: token 16 s + 8 h + 2 t + e, code byte 8 nl + m; lane 4 nl + t
+V4_LOAD = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 8], threads_per_warp=[1, 1, 4, 1, 8, 1],
+                           warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
+PF_TOK = gl.BlockedLayout(size_per_thread=[2], threads_per_warp=[32], warps_per_cta=[1], order=[0])  # [64] tokens
+K4_S = gl.SliceLayout(3, K4_LOAD)  # [i, nl, t]: a lane's group parameters per token
+V4_S = gl.SliceLayout(5, V4_LOAD)  # [s, h, t, e, nl]
 
 
 # cp.async ring (PREFETCH > 0): a tile's K (or V) codes as [8 groups of 8 tokens, 8 rows, 128 bytes]
@@ -102,6 +124,36 @@ V_S, V_H, V_T, V_E, V_NL, V_M = (_dims(V_LOAD, 6, d) for d in range(6))
 V_SH = _dims(V_LOAD, 6, 0, 1)  # the V tile's 8-token groups as [s 4, h 2]
 COLS8_G = gl.SliceLayout(1, COLS8)
 RC_G, RC_R, RC_B = (_dims(RING_COPY, 3, d) for d in range(3))
+K4_I = _dims(K4_LOAD, 4, 0)
+K4_NL, K4_T, K4_B = (_dims(K4_LOAD, 4, d) for d in (1, 2, 3))
+K4S_I, K4S_NL, K4S_T = (_dims(K4_S, 3, d) for d in range(3))
+V4_M = _dims(V4_LOAD, 6, 5)
+V4S_SH = _dims(V4_S, 5, 0, 1)
+V4S_T, V4S_E, V4S_NL = (_dims(V4_S, 5, d) for d in (2, 3, 4))
+
+# packed int4 bytes (4 a register) -> code * s + m as float16 pairs, low nibbles ($0, $1) and high ($2, $3):
+# each nibble becomes the fp16 1024 + code (0x64 high byte), 1024 is subtracted (exact), then one fp16 fma
+# with the group's (s, s) and (m, m) pairs, as "dot"'s `code * s + m` (fp16, contracted to an fma)
+_ASM_INT4_DEQ = gl.constexpr("""{
+.reg .b32 t, u, m, k, a0, a1, a2, a3;
+mov.b32 m, 0x64646464;
+mov.b32 k, 0x64006400;
+and.b32 t, $4, 0x0F0F0F0F;
+shr.b32 u, $4, 4;
+and.b32 u, u, 0x0F0F0F0F;
+prmt.b32 a0, t, m, 0x4140;
+prmt.b32 a1, t, m, 0x4342;
+prmt.b32 a2, u, m, 0x4140;
+prmt.b32 a3, u, m, 0x4342;
+sub.f16x2 a0, a0, k;
+sub.f16x2 a1, a1, k;
+sub.f16x2 a2, a2, k;
+sub.f16x2 a3, a3, k;
+fma.rn.f16x2 $0, a0, $5, $7;
+fma.rn.f16x2 $1, a1, $6, $8;
+fma.rn.f16x2 $2, a2, $9, $11;
+fma.rn.f16x2 $3, a3, $10, $12;
+}""")
 
 
 @gluon.jit
@@ -112,6 +164,112 @@ def _to_f16(c, FMT: gl.constexpr):
     else:
         out = fp8_decode_f16(c, FMT)
     return out
+
+
+@gluon.jit
+def _int4_dequant(c, s_lo, z_lo, s_hi, z_hi):
+    """Packed int4 bytes c -> (low, high nibble) float16 values code * s + m, each side with its own
+    group's scale and zero-point (broadcast over c's bytes)."""
+    return gl.inline_asm_elementwise(_ASM_INT4_DEQ, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [c, s_lo, z_lo, s_hi, z_hi],
+                                     dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                   vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                   BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr,
+                   KI4: gl.constexpr, VI4: gl.constexpr):
+    """L2 prefetch (`prefetch.global.L2`: no registers, no wait) of the 64-token tile at n0 (tokens
+    clamped to end - 1): each token's code row, and its scale (and int4 zero-point) row."""
+    tok = gl.minimum(n0 + gl.arange(0, 64, layout=PF_TOK), end - 1)
+    blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32))
+    if IDX64:
+        blk = blk.to(gl.int64)
+    off = tok & (BLOCK_SIZE - 1)
+    prefetch_l2(kc_ptr + blk * k_cs0 + h * k_cs1 + off * k_cs2)
+    prefetch_l2(vc_ptr + blk * v_cs0 + h * v_cs1 + off * v_cs2)
+    if not K_STATIC:
+        prefetch_l2(ks_ptr + blk * k_ss0 + h * k_ss1 + off * k_ss2)
+        if KI4:
+            prefetch_l2(kz_ptr + blk * k_ss0 + h * k_ss1 + off * k_ss2)
+    if not V_STATIC:
+        prefetch_l2(vs_ptr + blk * v_ss0 + h * v_ss1 + off * v_ss2)
+        if VI4:
+            prefetch_l2(vz_ptr + blk * v_ss0 + h * v_ss1 + off * v_ss2)
+
+
+@gluon.jit
+def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+             BLOCK_SIZE: gl.constexpr, G: gl.constexpr, IDX64: gl.constexpr, MASKED: gl.constexpr):
+    """A 64-token int4 K tile at n0 as the B operand [128, 64] of q @ K^T (channels in the int4 K
+    order of the module doc), dequantized in registers; also the tile's (first token, block,
+    offset) of each 8-token group [8] for the per-token vectors."""
+    g0 = n0 + gl.arange(0, 8, layout=K4_I) * 8
+    blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
+    if IDX64:
+        blk = blk.to(gl.int64)
+    goff = g0 & (BLOCK_SIZE - 1)
+    knl = gl.arange(0, 8, layout=K4_NL)[None, :, None, None]
+    krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
+    kt = gl.arange(0, 4, layout=K4_T)[None, None, :, None]
+    kb = gl.arange(0, 16, layout=K4_B)[None, None, None, :]
+    kc = _ld(kc_ptr + krow + kt * 16 + kb, g0[:, None, None, None] + knl < end, MASKED)
+    # the lane's groups: bytes 16 t .. 16 t + 15 hold channels 16 t + b (low) and 64 + 16 t + b (high)
+    snl = gl.arange(0, 8, layout=K4S_NL)[None, :, None]
+    st = gl.arange(0, 4, layout=K4S_T)[None, None, :]
+    srow = (gl.convert_layout(blk, K4S_I, assert_trivial=True) * k_ss0 + h * k_ss1
+            + gl.convert_layout(goff, K4S_I, assert_trivial=True) * k_ss2)[:, None, None] + snl * k_ss2
+    smask = gl.convert_layout(g0, K4S_I, assert_trivial=True)[:, None, None] + snl < end
+    g_lo = st * 16 // G
+    g_hi = (st * 16 + 64) // G
+    s_lo = _ld(ks_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
+    z_lo = _ld(kz_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
+    s_hi = _ld(ks_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
+    z_hi = _ld(kz_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
+    lo, hi = _int4_dequant(kc, s_lo, z_lo, s_hi, z_hi)
+    # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + b = logical 16 j + 8 h + 2 t + e
+    # with 16 w + b = 4 j + 2 h + e (j = 4 w + b // 4)
+    k = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 4, 3]), [8, 8, 4, 8, 2, 2])  # i nl t j h e
+    k = gl.permute(k, [3, 4, 2, 5, 0, 1])  # j h t e i nl
+    k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
+    return g0, blk, goff, k
+
+
+@gluon.jit
+def _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+             G: gl.constexpr, MASKED: gl.constexpr):
+    """The tile's int4 V codes and the lane's group parameters (`_v4_dequant` makes the MMA operand);
+    g0, blk, goff: the 8-token groups' first token, block and offset [8] (any layout holding all 8 in
+    each lane)."""
+    vw = (gl.arange(0, 4, layout=V4S_T) * 2)[None, None, :, None, None] \
+        + gl.arange(0, 2, layout=V4S_E)[None, None, None, :, None]
+    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V4S_SH, assert_trivial=True)[:, :, None, None, None] + vw < end
+    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V4S_SH, assert_trivial=True)[:, :, None, None, None]
+    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V4S_SH, assert_trivial=True)[:, :, None, None, None] + vw
+    vnl = gl.arange(0, 8, layout=V4S_NL)[None, None, None, None, :]
+    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2 + vnl * 8  # [s, h, t, e, nl]
+    vm = gl.arange(0, 8, layout=V4_M)[None, None, None, None, None, :]
+    vc = _ld(vc_ptr + vrow[:, :, :, :, :, None] + vm, vmask[:, :, :, :, :, None], MASKED)
+    # the lane's groups: bytes 8 nl .. 8 nl + 7 hold channels 8 nl + m (low) and 64 + 8 nl + m (high)
+    srow = vblk * v_ss0 + h * v_ss1 + voff * v_ss2
+    g_lo = vnl * 8 // G
+    g_hi = (vnl * 8 + 64) // G
+    s_lo = _ld(vs_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
+    z_lo = _ld(vz_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
+    s_hi = _ld(vs_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
+    z_hi = _ld(vz_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
+    return vc, s_lo, z_lo, s_hi, z_hi
+
+
+@gluon.jit
+def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi):
+    """`_v4_load`'s codes as the B operand [64, 128] of P @ V (output channels in the int4 V order of
+    the module doc), dequantized in registers."""
+    lo, hi = _int4_dequant(vc, s_lo, z_lo, s_hi, z_hi)
+    # value 8 w + m of lane nl is channel 64 w + 8 nl + m = logical 8 (8 w + m) + nl
+    v = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 3, 4, 6, 5]), [64, 8, 16])  # token, nl, 8 w + m
+    v = gl.permute(v, [0, 2, 1])  # token, 8 w + m, nl
+    return gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
 
 
 @gluon.jit
@@ -178,12 +336,19 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr,
-               RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0):
+               RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0,
+               kz_ptr=None, vz_ptr=None, K_G: gl.constexpr = 32, V_G: gl.constexpr = 32, L2PF: gl.constexpr = 0):
     """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot"). QK8 (int8
     K): q, q_lo are q's int8 parts, q_s its per-row step times the softmax scale, and the codes feed
-    int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16."""
+    int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16 (int4:
+    code * s + m with the group parameters K_G / V_G channels wide, zero-points at kz_ptr / vz_ptr)."""
+    KI4: gl.constexpr = K_FMT == K_FMT_INT4
+    VI4: gl.constexpr = V_FMT == K_FMT_INT4
     # ---- K codes in fragment order, scores [16, 64] ----
-    if RING:  # a whole tile, landed in ring slot `slot` (`_frag_issue`): the lane's own bytes back
+    if KI4:  # int4: dequantized in registers (the scales are in the values)
+        g0, blk, goff, k = _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2,
+                                    k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED)
+    elif RING:  # a whole tile, landed in ring slot `slot` (`_frag_issue`): the lane's own bytes back
         kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K_RING), [8, 8, 4, 32]), K_LOAD,
                                assert_trivial=True)
     else:
@@ -198,7 +363,16 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         kt = gl.arange(0, 4, layout=K_T)
         kb = gl.arange(0, 32, layout=K_B)
         kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
-    if QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (see the module doc)
+    if VI4:  # V's loads issued with K's (else compiled after q @ K^T's MMAs: 1-3 % slower, session 16)
+        v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                      V_G, MASKED)
+    if L2PF > 0:  # the tile L2PF ahead into L2 while this one computes
+        _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
+                       k_ss2, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                       BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, KI4, VI4)
+    if KI4:
+        s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
+    elif QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (see the module doc)
         k = gl.permute(gl.reshape(kc, [8, 8, 4, 4, 2, 4]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
         k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP8, assert_trivial=True)
         si = mma_v2(q, k, gl.full([16, 64], 0, gl.int32, layout=MMA)) * 254
@@ -219,8 +393,8 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         nblk = gl.convert_layout(blk, COLS8_G, assert_trivial=True)[:, None]
         noff = gl.convert_layout(goff, COLS8_G, assert_trivial=True)[:, None] + nw
         nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), COLS, assert_trivial=True)
-    VTOK: gl.constexpr = not V_STATIC
-    if not K_STATIC:
+    VTOK: gl.constexpr = not V_STATIC and not VI4
+    if not K_STATIC and not KI4:
         ks = _tile_scales(ksbuf, slot, ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED, RING)
         if QK8:  # the softmax scale is in q_s
             s = s * ks[None, :]
@@ -240,7 +414,9 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     # ---- V codes in fragment order, P @ V [16, 128] (channel 8 m + nl) ----
-    if RING:
+    if VI4:
+        v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4])
+    elif RING:
         vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V_RING), [4, 2, 4, 2, 8, 16]), V_LOAD,
                                assert_trivial=True)
     else:
@@ -255,8 +431,9 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         vm = gl.arange(0, 16, layout=V_M)
         vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
                  vmask, MASKED)
-    v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
-    v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
+    if not VI4:
+        v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
+        v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
         vsc = _tile_scales(vsbuf, slot, vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED, RING)
         vmax = gl.max(vsc, axis=0)
@@ -395,7 +572,10 @@ def _frag_decode_kernel(
         # q [16, 128] as the A operand, channels in the K fragments' order (see the module doc)
         g = gl.arange(0, 16, layout=gl.SliceLayout(1, A_OP))
         kk = gl.arange(0, 128, layout=gl.SliceLayout(0, A_OP))
-        phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+        if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 h + e
+            phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+        else:
+            phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
         q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
         q = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32).to(gl.float16)
         q_lo = q
@@ -406,8 +586,11 @@ def _frag_decode_kernel(
     acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    FIRST: gl.constexpr = 1 if PREFETCH > 0 else 0  # the ring takes the whole tiles
-    if PREFETCH > 0:  # whole tiles through a cp.async ring of PREFETCH + 1 slots, PREFETCH tiles ahead
+    ANY4: gl.constexpr = K_FMT == K_FMT_INT4 or V_FMT == K_FMT_INT4
+    RING: gl.constexpr = PREFETCH > 0 and not ANY4  # int4: PREFETCH is an L2 prefetch distance instead
+    L2PF: gl.constexpr = PREFETCH if ANY4 else 0
+    FIRST: gl.constexpr = 1 if RING else 0  # the ring takes the whole tiles
+    if RING:  # whole tiles through a cp.async ring of PREFETCH + 1 slots, PREFETCH tiles ahead
         NSLOT: gl.constexpr = PREFETCH + 1
         kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
         vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
@@ -433,7 +616,7 @@ def _frag_decode_kernel(
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False,
-                                       KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT)
+                                       KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT, kz_ptr, vz_ptr, K_G, V_G)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
@@ -443,14 +626,18 @@ def _frag_decode_kernel(
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
-                                       KI8)
+                                       KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF)
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 
-    # channel 8 m + nl of acc is channel 16 nl + m of the output (see the module doc)
+    # channel 8 m + nl of acc is channel 16 nl + m of the output (int4: 64 (m // 8) + 8 nl + m % 8; see the
+    # module doc)
     rg = gl.arange(0, 16, layout=ROWS)
     c = gl.arange(0, 128, layout=COLS)
-    c_out = (c & 7) * 16 + (c >> 3)
+    if V_FMT == K_FMT_INT4:
+        c_out = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
+    else:
+        c_out = (c & 7) * 16 + (c >> 3)
     heads = h * GROUP + rg
     cm = (rg < GROUP)[:, None] & (c_out < 128)[None, :]
     if not SPLIT:

@@ -156,6 +156,7 @@ def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
 
 VARIANTS = ("auto", "dot", "imma", "frag")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
+FRAG_INT4_MIN_GROUP = 16  # int4 in "frag" (asked for, not "auto"): a lane's 16 K bytes share one group
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
 FRAG_MIN_TOKENS = 1024  # "auto" runs "frag" at >= this many tokens per program (split)
 
@@ -169,7 +170,8 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     int8 MMA: int8 K only, else "dot"), "frag" (codes loaded in the MMA fragment layout,
     `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback).
     `plan_decode` also falls back outside frag's head-dim / group / block scope; the fallback is
-    "imma" for int8 K, else "dot" (`fallback_variant`).
+    "imma" for int8 K, else "dot" (`fallback_variant`). int4 on either side takes "frag" only when asked
+    for (session 16: no faster than "dot", results/attention_s16).
     Returns the variant, or "frag?" ("auto" on 8-bit K and V: `plan_decode` decides between "frag"
     and the fallback once it knows the split length)."""
     name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "auto"
@@ -179,6 +181,7 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     frag_ok = k_kind in FRAG_KINDS and v_kind in FRAG_KINDS
     if name == "auto":
         return "frag?" if frag_ok else fallback_variant(k_kind)
+    frag_ok = k_kind in (*FRAG_KINDS, "int4") and v_kind in (*FRAG_KINDS, "int4")  # int4: when asked for
     if name == "imma" or (name == "frag" and not frag_ok):
         return fallback_variant(k_kind)
     return name

@@ -365,6 +365,13 @@ and.b32 $1, u1, 0xBF80BF80;
 
 
 @triton.jit
+def prefetch_l2(ptrs):
+    """PTX prefetch.global.L2 of every address in ptrs (a hint: no registers, no wait)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def int8_to_f16(c):
     """int8 codes -> float16 (exact)."""
     if _INTERPRET_C:
