@@ -275,6 +275,11 @@ TUNE_CONFIGS = [
     ("frag-pf0", "frag", {"prefetch": 0}),
     ("frag-r168", "frag", {"maxnreg": 168}),
     ("frag-r128", "frag", {"maxnreg": 128}),
+    # int4 "dot" (32-token tiles) compiles without spills down to 216 registers (9 programs per SM
+    # against 8), with 14 / 19 spilled words at 200 / 184 (sm_90 SASS, session 16)
+    ("dot-r216", "dot", {"maxnreg": 216}),
+    ("dot-r200", "dot", {"maxnreg": 200}),
+    ("dot-r184", "dot", {"maxnreg": 184}),
     # session 10: the split merge fused into the decode kernels (the last split program merges) against
     # `_merge_kernel` as a second launch, every variant at its own plan (run with --tune-splits 0)
     ("auto-separate", "auto", {"merge": "separate"}),

@@ -42,7 +42,7 @@ data between lanes.
   (q permuted alike). V: lane 4 nl + t reads bytes 8 nl .. 8 nl + 7 of its tokens; logical output
   channel 8 m + nl is channel 64 (m // 8) + 8 nl + m % 8. PREFETCH is an L2 prefetch distance there
   (`prefetch.global.L2` of the tile PREFETCH ahead; default 1), not the ring. Measured on an H200
-  (results/attention_s16): within 1-3 % of "dot" at batch >= 8 and 7-11 % slower at 1 x 32768, so
+  (results/attention_s16): 0.96-1.00x the time of "dot" at batch >= 8 and 1.07x at 1 x 32768, so
   "auto" keeps "dot"; both sit at ~1.85 TB/s with ~250 registers (8 one-warp programs per SM).
   Group sizes >= 16 (a lane's 16 K bytes share a group).
 
