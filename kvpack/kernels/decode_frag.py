@@ -363,7 +363,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         kt = gl.arange(0, 4, layout=K_T)
         kb = gl.arange(0, 32, layout=K_B)
         kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
-    if VI4:  # V's loads issued with K's (else compiled after q @ K^T's MMAs: 1-3 % slower, session 16)
+    if VI4:  # V's loads issued with K's (else compiled after q @ K^T's MMAs: 1-5 % slower, session 16)
         v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                       V_G, MASKED)
     if L2PF > 0:  # the tile L2PF ahead into L2 while this one computes
