@@ -6,7 +6,9 @@ launched one: decode->decode (the steady decode phase), decode->prefill (a decod
 also enqueued a prefill or mixed batch: that batch's eager host work lands here), decode->none,
 and prefill (the waited batch computes prompt tokens: prefill chunks, mixed steps). Per kind: steps,
 seconds, mean ms, tokens generated, and for decode->decode the tokens/s and mean batch. Also: the
-step with the most time, and the JIT compiles the run met (the log's last `compiles`).
+step with the most time, the JIT compiles the run met (the log's last `compiles`), and how many
+decode batches replayed a CUDA graph (the `replays` column, logs from session 16 on: a pure-decode
+batch that did not replay one ran eagerly, with the host's launch overhead).
 
     python benchmarks/summarize_step_log.py results/gpu_suite_s13/kv_bound_steps_*_d93ef3c.tsv
 """
@@ -33,7 +35,8 @@ def summarize(path: str) -> dict:
         rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f, delimiter="\t")]
     out: dict = {"file": path, "steps": len(rows), "seconds": sum(r["ms"] for r in rows) / 1000,
                  "generated": int(sum(r["generated"] for r in rows)),
-                 "compiles": int(rows[-1]["compiles"]) if rows else 0, "kinds": {}}
+                 "compiles": int(rows[-1]["compiles"]) if rows else 0, "kinds": {},
+                 "replays": int(sum(r["replays"] for r in rows)) if rows and "replays" in rows[0] else None}
     for r in rows:
         k = out["kinds"].setdefault(kind(r), {"steps": 0, "seconds": 0.0, "generated": 0})
         k["steps"] += 1
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             extra = f", {k['tok_s']:,.0f} tok/s at mean batch {k['mean_batch']:.1f}" if "tok_s" in k else ""
             print(f"  {name:16s} {k['steps']:5d} steps {k['seconds']:7.2f} s  mean {k['mean_ms']:7.2f} ms  "
                   f"{k['generated']:7,d} tokens{extra}")
+        if s["replays"] is not None:
+            pure = sum(s["kinds"].get(n, {}).get("steps", 0) for n in ("decode->decode", "decode->none"))
+            print(f"  CUDA-graph replays: {s['replays']} for {pure} pure-decode steps")
     return 0
 
 

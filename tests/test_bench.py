@@ -149,12 +149,14 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
                        for x in rows if not x["pure_decode"])
         assert sum(x["ms"] for x in pure) == pytest.approx(1000 * r["decode_s"], rel=1e-3, abs=0.05)
         assert rows[-1]["next_tokens"] == 0 and rows[-1]["running"] == 0 and rows[-1]["waiting"] == 0
+        assert all(x["replays"] == 0 for x in rows)  # CPU: no CUDA graphs, every batch eager
         # step kinds in the JSON == the log's, as benchmarks/summarize_step_log.py reads it
         kinds = r["step_kinds"]
         assert sum(k["steps"] for k in kinds.values()) == r["steps"]
         assert sum(k["generated"] for k in kinds.values()) == n_out
         assert kinds["decode->decode"]["steps"] + kinds["decode->none"]["steps"] == r["decode_steps"]
         summary = summarize_step_log.summarize(str(tmp_path / "logs" / f"steps_{r['kv_cache_dtype']}.tsv"))
+        assert summary["replays"] == 0
         for name, k in summary["kinds"].items():
             assert (k["steps"], k["generated"]) == (kinds[name]["steps"], kinds[name]["generated"])
             assert k["seconds"] == pytest.approx(kinds[name]["seconds"], abs=1e-3 * k["steps"] + 1e-6)

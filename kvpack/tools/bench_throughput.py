@@ -88,14 +88,15 @@ def step_kind(computed: int, generated: int, next_tokens: int, next_seqs: int) -
 
 
 STEP_LOG_COLUMNS = ("step", "ms", "computed", "generated", "pure_decode", "next_tokens", "next_seqs",
-                    "running", "waiting", "compiles")
+                    "running", "waiting", "compiles", "replays")
 
 
 def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature: float = 0.0,
                  prefix: str = "req", progress: bool = True, step_log: list | None = None) -> dict[str, Any]:
     """Queue every request at once, step until done; timings and KV figures of the run. `step_log`: a
     list that gets one tuple per step (`STEP_LOG_COLUMNS`; the step launched behind the one waited for
-    is `next_*`, under async scheduling its host work is inside `ms`)."""
+    is `next_*`, under async scheduling its host work is inside `ms`; `replays`: CUDA graphs replayed
+    inside the step, i.e. by the batch it launched: 0 where that batch ran eagerly)."""
     before = engine.stats()
     t0 = time.time()
     for i, (ids, out_len) in enumerate(workload):
@@ -112,6 +113,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     with TritonCompileLog() as compiles:  # a JIT compile inside the timed run is charged to it: logged
         while engine.has_unfinished_requests():
             computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
+            replays = getattr(engine.model_runner, "num_replays", 0)
             s = time.perf_counter()
             outputs = engine.step()
             dt = time.perf_counter() - s
@@ -129,7 +131,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
             if step_log is not None:
                 step_log.append((steps, round(dt * 1000, 3), n_comp, n_gen, int(pure), next_tokens, next_seqs,
                                  len(engine.scheduler.running), len(engine.scheduler.waiting),
-                                 len(compiles.misses)))
+                                 len(compiles.misses), getattr(engine.model_runner, "num_replays", 0) - replays))
             steps += 1
             peak_used = max(peak_used, total_blocks - engine.num_free_blocks)
             peak_running = max(peak_running, len(engine.scheduler.running))
