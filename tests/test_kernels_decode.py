@@ -266,7 +266,8 @@ def test_decode_frag_gpu_group_sizes(Hq, Hkv):
 
 @pytest.mark.parametrize("k_name,v_name,D,Hq,bs,want", [
     ("int8", "int8", 128, 4, 16, "frag"), ("fp8_e4m3", "int8-static", 128, 32, 8, "frag"),
-    ("int4", "int4", 128, 4, 16, "frag"), ("int4", "int8", 128, 4, 16, "frag"), ("int8", "bfloat16", 128, 4, 16, "imma"), ("int8", "int8", 64, 4, 16, "imma"),
+    ("int4", "int4", 128, 4, 16, "frag"), ("int4", "int8", 128, 4, 16, "frag"), ("int8", "int4", 128, 4, 16, "imma"),
+    ("int8", "bfloat16", 128, 4, 16, "imma"), ("int8", "int8", 64, 4, 16, "imma"),
     ("int8", "int8", 128, 34, 16, "imma"), ("int8", "int8", 128, 4, 4, "imma"), ("fp8_e5m2", "fp8_e4m3", 64, 4, 16, "dot")])
 def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
     """"frag" covers 8-bit codes on both sides, head_dim 128, GQA groups <= 16 and blocks >= 8 when

@@ -539,9 +539,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
     int4 = "int4" in (kp.fmt.kind, vp.fmt.kind)
+    # int4 in "frag": groups of >= 16 channels; not with int8 K (its int8 MMAs and int4 V spill: sm_90 SASS
+    # 96 LDL / 128 STL a program, never run on a GPU)
+    int4_out = int4 and (min(kp.fmt.group_size, vp.fmt.group_size) < FRAG_INT4_MIN_GROUP or kp.fmt.kind == "int8")
     if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
-                                           or block_size < 8 or (int4 and min(kp.fmt.group_size, vp.fmt.group_size)
-                                                                 < FRAG_INT4_MIN_GROUP)):
+                                           or block_size < 8 or int4_out):
         variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
     # "frag" copies whole tiles a tile ahead through a cp.async ring where its grid stays small
     # (`choose_ring_splits`; blocks >= 16 tokens: the scale copies need 4-byte alignment; 8-bit codes only)

@@ -44,7 +44,7 @@ data between lanes.
   (`prefetch.global.L2` of the tile PREFETCH ahead; default 1), not the ring. Measured on an H200
   (results/attention_s16): 0.96-1.00x the time of "dot" at batch >= 8 and 1.07x at 1 x 32768, so
   "auto" keeps "dot"; both sit at ~1.85 TB/s with ~250 registers (8 one-warp programs per SM).
-  Group sizes >= 16 (a lane's 16 K bytes share a group).
+  Group sizes >= 16 (a lane's 16 K bytes share a group); not int8 K with int4 V (it spills).
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
