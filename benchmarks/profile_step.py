@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvpack.sampling_params import SamplingParams  # noqa: E402
 from kvpack.tools.bench_common import (  # noqa: E402
-    LenRange, add_engine_args, build_engine, parse_format_list, parse_len_range, random_prompts, release,
+    LenRange, add_engine_args, build_engine, parse_format_list, parse_len_range, profile_timeline, random_prompts,
+    release,
 )
 
 
@@ -63,7 +64,7 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
         if args.cuda_graphs and cuda:
             if args.trace:
                 prof.export_chrome_trace(f"{args.trace}_{item}.json")
-            return timeline(prof, args.steps)
+            return profile_timeline(prof, args.steps)
         while engine.has_unfinished_requests():
             engine.step()
         rows = []
@@ -79,38 +80,6 @@ def profile_format(args: argparse.Namespace, item: str) -> list[dict]:
         return rows
     finally:
         release(engine)
-
-
-def timeline(prof, steps: int) -> list[dict]:
-    """Under CUDA graphs, over the profiled steps (from the first step's start to the last one's
-    end): wall time, GPU busy time (the union of kernel and copy intervals) and GPU idle time, per
-    step; the idle time before each kernel name; the kernels' time per step by name."""
-    evs = prof.events()
-    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    marks = sorted((e.time_range.start, e.time_range.end) for e in evs
-                   if e.name == "kvpack_step" and e.device_type == cpu)
-    t0, t1 = marks[0][0], marks[-1][1]
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in evs
-                     if e.device_type == gpu and e.name != "kvpack_step" and e.time_range.end > e.time_range.start
-                     and t0 <= e.time_range.start < t1)
-    busy, end, gaps_by_name = 0.0, None, {}
-    for a, b, name in kernels:
-        if end is not None and a > end:
-            gaps_by_name[name[:60]] = gaps_by_name.get(name[:60], 0.0) + (a - end) / steps
-        busy += max(0.0, b - max(a, end or a))
-        end = b if end is None else max(end, b)
-    rows = [{"name": "per step", "wall_us": (t1 - t0) / steps, "busy_us": busy / steps,
-             "idle_us": (t1 - t0 - busy) / steps, "kernels": len(kernels) / steps}]
-    top = sorted(gaps_by_name.items(), key=lambda kv: -kv[1])[:25]
-    rows += [{"name": f"idle before {n}", "us_per_step": g} for n, g in top]
-    per_name: dict[str, list[float]] = {}
-    for a, b, name in kernels:
-        t = per_name.setdefault(name[:90], [0.0, 0])
-        t[0] += (b - a) / steps
-        t[1] += 1 / steps
-    rows += [{"name": f"kernel {n}", "us_per_step": t, "calls_per_step": c}
-             for n, (t, c) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:25]]
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

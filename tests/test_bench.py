@@ -184,6 +184,26 @@ def test_throughput_repeats(tmp_path, capsys):
     assert rc == 2 and "--repeats" in err
 
 
+def test_throughput_profile_steps(tmp_path, capsys):
+    """--profile-steps A:B profiles timed steps A..B-1 of the run (torch.profiler, `kvpack_step` ranges)
+    into PREFIX_<format>_profile.json: one "per step" row (wall time; on CPU no GPU events, busy 0) and
+    the kernel rows; it needs --step-log, and B > A."""
+    prefix = str(tmp_path / "steps")
+    argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+            "--num-prompts", "3", "--input-len", "8", "--output-len", "6", "--num-blocks", "32",
+            "--kv-cache-dtype", "int8", "--step-log", prefix, "--profile-steps", "2:5"]
+    rc, out, _ = _run(capsys, argv)
+    assert rc == 0 and "steps 2:5 profiled" in out
+    prof = json.loads((tmp_path / "steps_int8_profile.json").read_text())
+    per_step = prof["rows"][0]
+    assert prof["steps"] == "2:5" and per_step["name"] == "per step"
+    assert per_step["wall_us"] > 0 and per_step["busy_us"] == 0 and per_step["idle_us"] == per_step["wall_us"]
+    rc, _, err = _run(capsys, argv[:-4] + ["--profile-steps", "2:5"])
+    assert rc == 2 and "--profile-steps needs --step-log" in err
+    rc, _, err = _run(capsys, argv[:-1] + ["3:3"])
+    assert rc == 2 and "B must be larger than A" in err
+
+
 def test_throughput_step_log_directory_checked_first(tmp_path, capsys, monkeypatch):
     """--step-log into a directory that cannot be made fails before any format runs (session 15: a
     missing directory failed a KV-bound run after its first format's 99 s), naming the flag."""

@@ -24,13 +24,15 @@ import os
 import time
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from kvpack.config import KVPackError
 from kvpack.sampling_params import SamplingParams
 from kvpack.tools.bench_common import (
     LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
-    TritonCompileLog, parse_len_range, percentile, random_prompts, release, text_prompts, write_json,
+    TritonCompileLog, parse_len_range, percentile, profile_timeline, random_prompts, release, text_prompts,
+    write_json,
 )
 
 COLUMNS = [("kv_cache_dtype", "format", ""), ("kv_cache_tokens", "KV tokens", ",d"),
@@ -60,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write every timed step to PREFIX_<format>.tsv: its seconds, the tokens of the step "
                         "waited for and of the one launched behind it, running / waiting sequences, JIT "
                         "compiles so far (to see which steps a slow one sits between)")
+    p.add_argument("--profile-steps", type=parse_len_range, default=None, metavar="A:B",
+                   help="with --step-log: run timed steps A..B-1 of the first run under torch.profiler and "
+                        "write PREFIX_<format>_profile.json: per step the wall time, the GPU's busy and idle "
+                        "time, and the kernels by name (what a slow step of a real run spends its time on)")
 
 
 def make_workload(args: argparse.Namespace, model_config: Any, tokenizer: Any,
@@ -92,11 +98,14 @@ STEP_LOG_COLUMNS = ("step", "ms", "computed", "generated", "pure_decode", "next_
 
 
 def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature: float = 0.0,
-                 prefix: str = "req", progress: bool = True, step_log: list | None = None) -> dict[str, Any]:
+                 prefix: str = "req", progress: bool = True, step_log: list | None = None,
+                 profile: tuple[LenRange, list] | None = None) -> dict[str, Any]:
     """Queue every request at once, step until done; timings and KV figures of the run. `step_log`: a
     list that gets one tuple per step (`STEP_LOG_COLUMNS`; the step launched behind the one waited for
     is `next_*`, under async scheduling its host work is inside `ms`; `replays`: CUDA graphs replayed
-    inside the step, i.e. by the batch it launched: 0 where that batch ran eagerly)."""
+    inside the step, i.e. by the batch it launched: 0 where that batch ran eagerly). `profile`: (steps
+    A:B, a list that gets `profile_timeline`'s rows of timed steps A..B-1, each step a `kvpack_step`
+    range under torch.profiler; empty when the run has fewer steps)."""
     before = engine.stats()
     t0 = time.time()
     for i, (ids, out_len) in enumerate(workload):
@@ -110,13 +119,25 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
                disable=not progress, leave=False)
     decode_dts: list[float] = []  # each pure-decode step's seconds
     kinds = {k: {"steps": 0, "seconds": 0.0, "generated": 0} for k in STEP_KINDS}
+    prof = None
     with TritonCompileLog() as compiles:  # a JIT compile inside the timed run is charged to it: logged
         while engine.has_unfinished_requests():
             computed, generated = engine.counters["computed_tokens"], engine.counters["generation_tokens"]
             replays = getattr(engine.model_runner, "num_replays", 0)
+            if profile is not None and steps == profile[0].lo:
+                prof = _start_profiler()
             s = time.perf_counter()
-            outputs = engine.step()
+            if prof is not None:
+                with torch.profiler.record_function("kvpack_step"):
+                    outputs = engine.step()
+            else:
+                outputs = engine.step()
             dt = time.perf_counter() - s
+            if prof is not None and (steps + 1 == profile[0].hi or not engine.has_unfinished_requests()):
+                _sync()
+                prof.__exit__(None, None, None)
+                profile[1].extend(profile_timeline(prof, steps + 1 - profile[0].lo))
+                prof = None
             n_gen = engine.counters["generation_tokens"] - generated
             n_comp = engine.counters["computed_tokens"] - computed
             nxt = getattr(engine, "_inflight", None)  # the batch launched behind the one waited for
@@ -176,6 +197,21 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     }
 
 
+def _start_profiler():
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    prof = torch.profiler.profile(activities=acts)
+    prof.__enter__()
+    return prof
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def write_step_log(path: str, rows: list[tuple]) -> None:
     with open(path, "w") as f:
         f.write("\t".join(STEP_LOG_COLUMNS) + "\n")
@@ -215,9 +251,17 @@ def bench_format(args: argparse.Namespace, item: str, max_model_len: int | None)
         for r in range(args.repeats):  # new prompts each time: no prefix-cache hits between runs
             workload = make_workload(args, engine.model_config, engine.tokenizer, args.seed + r)
             log = [] if getattr(args, "step_log", None) else None
-            runs.append(run_requests(engine, workload, args.temperature, prefix=f"run{r}", step_log=log))
+            prof = (args.profile_steps, []) if getattr(args, "profile_steps", None) and r == 0 else None
+            runs.append(run_requests(engine, workload, args.temperature, prefix=f"run{r}", step_log=log, profile=prof))
             if log is not None:
                 write_step_log(f"{args.step_log}_{item}" + (f"_run{r}" if args.repeats > 1 else "") + ".tsv", log)
+            if prof is not None:
+                span = f"{args.profile_steps.lo}:{args.profile_steps.hi}"
+                write_json(f"{args.step_log}_{item}_profile.json", {"steps": span, "rows": prof[1]})
+                if prof[1]:
+                    x = prof[1][0]
+                    print(f"{item}: steps {span} profiled: wall {x['wall_us'] / 1e3:.2f} ms, GPU busy "
+                          f"{x['busy_us'] / 1e3:.2f} ms, idle {x['idle_us'] / 1e3:.2f} ms per step", flush=True)
         ordered = sorted(runs, key=lambda x: x["output_tok_s"])
         row.update(ordered[(len(runs) - 1) // 2])  # the median run (the lower one of an even count)
         row["all_blocks_free"] = all(x["all_blocks_free"] for x in runs)
@@ -237,6 +281,12 @@ def run(args: argparse.Namespace) -> int:
         raise KVPackError("--num-prompts must be >= 1")
     if args.repeats < 1:
         raise KVPackError("--repeats must be >= 1")
+    if getattr(args, "profile_steps", None):
+        if not getattr(args, "step_log", None):
+            raise KVPackError("--profile-steps needs --step-log PREFIX (the profile goes to PREFIX_<format>_profile.json)")
+        if args.profile_steps.hi <= args.profile_steps.lo:
+            raise KVPackError(f"--profile-steps {args.profile_steps.lo}:{args.profile_steps.hi}: A:B profiles steps "
+                              "A..B-1, so B must be larger than A")
     if getattr(args, "step_log", None):  # before any format runs: a minutes-long run may not fail at its end
         log_dir = os.path.dirname(os.path.abspath(args.step_log))
         try:
