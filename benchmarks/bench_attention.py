@@ -78,21 +78,46 @@ def make_cache(fmt_name: str, shape: Shape, num_blocks: int, device) -> LayerKVC
     return LayerKVCache(pool(), pool())
 
 
-def make_case(fmt_name: str, shape: Shape, device, gen: torch.Generator, lens: list[int] | None = None):
-    """Cache filled through the Triton write (random K/V), random block tables, decode metadata, q:
-    shape.batch sequences of shape.context tokens, or sequences of `lens` tokens (mixed lengths)."""
+def engine_tables(lens: list[int], block_size: int, prompt: int) -> list[list[int]]:
+    """Block tables as the engine's allocator hands them out to a batch whose prompts of `prompt` tokens
+    were prefilled one after another and which then decodes in lockstep: sequence i holds blocks
+    i * P .. i * P + P - 1 (P = its prompt's blocks), then every decode block is taken in turn, one per
+    sequence still growing (block B * P + k * B + i for the k-th in a full batch: a fixed stride)."""
+    nblk = [(n + block_size - 1) // block_size for n in lens]
+    p = -(-prompt // block_size)
+    tables = [list(range(i * p, i * p + min(p, m))) for i, m in enumerate(nblk)]
+    nxt = len(lens) * p
+    while any(len(t) < m for t, m in zip(tables, nblk)):
+        for t, m in zip(tables, nblk):
+            if len(t) < m:
+                t.append(nxt)
+                nxt += 1
+    return tables
+
+
+def make_case(fmt_name: str, shape: Shape, device, gen: torch.Generator, lens: list[int] | None = None,
+              tables: str = "random", prompt: int = 512):
+    """Cache filled through the Triton write (random K/V), block tables, decode metadata, q:
+    shape.batch sequences of shape.context tokens, or sequences of `lens` tokens (mixed lengths).
+    Tables "random": a random permutation of the pool; "engine": `engine_tables` with `prompt`-token
+    prompts (a decode-heavy run's allocation pattern)."""
     from kvpack.kernels import write_kv
 
     bs = shape.block_size
     lens = lens or [shape.context] * shape.batch
     nblk = [(n + bs - 1) // bs for n in lens]
-    num_blocks = sum(nblk) + 1
+    if tables == "engine":
+        tables = [torch.tensor(t) for t in engine_tables(lens, bs, prompt)]
+    elif tables == "random":
+        perm = torch.randperm(sum(nblk) + 1, generator=gen)
+        tables, at = [], 0
+        for m in nblk:
+            tables.append(perm[at:at + m])
+            at += m
+    else:
+        raise ValueError(f"tables {tables!r}: random or engine")
+    num_blocks = 1 + max([sum(nblk)] + [int(t.max()) for t in tables if len(t)])
     lc = make_cache(fmt_name, shape, num_blocks, device)
-    perm = torch.randperm(num_blocks, generator=gen)
-    tables, at = [], 0
-    for m in nblk:
-        tables.append(perm[at:at + m])
-        at += m
     slots = torch.cat([t[torch.arange(n) // bs] * bs + torch.arange(n) % bs for t, n in zip(tables, lens)])
     T = len(slots)
     for lo in range(0, T, 1 << 17):  # fill in chunks: bounded temporary memory

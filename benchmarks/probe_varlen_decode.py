@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring", default="auto", help="frag: auto (the plan's), or a comma list of prefetch values")
     ap.add_argument("--rep-ms", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tables", default="random",
+                    help="comma list: random (a permuted pool) and / or engine (the allocator's order for "
+                         "--prompt-token prompts decoding in lockstep, `bench_attention.engine_tables`)")
+    ap.add_argument("--prompt", type=int, default=512, help="--tables engine: the prompts' tokens")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
@@ -52,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator().manual_seed(args.seed)
         lens = torch.randint(args.lo, args.hi + 1, (int(b),), generator=gen).tolist()
         mean_len = sum(lens) // len(lens)
-        for kind, ls in (("mixed", lens), ("uniform", [mean_len] * len(lens))):
-            lc, meta, q = make_case(fmt_name, shape, dev, gen, ls)
+        for kind, ls, tables in [(k, ls, t) for t in args.tables.split(",")
+                                 for k, ls in (("mixed", lens), ("uniform", [mean_len] * len(lens)))]:
+            lc, meta, q = make_case(fmt_name, shape, dev, gen, ls, tables=tables, prompt=args.prompt)
+            kind = f"{kind}/{tables}"
             meta = dataclasses.replace(meta, max_seq_len=max(args.bucket, max(ls)))  # as a captured graph plans
             nbytes = kv_bytes(lc, dataclasses.replace(shape, batch=1, context=sum(ls)))
             ref = None
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                "splits": splits, "plan_splits": plan.grid[2], "prefetch": pf_used,
                                "us": us, "TBps": nbytes / us / 1e6, "max_diff": diff}
                         rows.append(row)
-                        print(f"{fmt_name:9s} b{int(b):3d} {kind:7s} {variant:5s}->{plan.variant:5s} pf={pf_used} "
+                        print(f"{fmt_name:9s} b{int(b):3d} {kind:14s} {variant:5s}->{plan.variant:5s} pf={pf_used} "
                               f"sp={splits:3d}->{plan.grid[2]:3d} {us:8.1f} us {row['TBps']:5.2f} TB/s diff {diff:.1e}",
                               flush=True)
             lc = meta = q = None

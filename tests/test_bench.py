@@ -184,6 +184,18 @@ def test_throughput_repeats(tmp_path, capsys):
     assert rc == 2 and "--repeats" in err
 
 
+def test_engine_tables():
+    """`bench_attention.engine_tables` (probe_varlen_decode.py --tables engine): each sequence gets its
+    blocks, all distinct; the prompt's are consecutive, the decode blocks of a lockstep batch follow
+    at a stride of the batch size, and a shorter sequence drops out of the rotation."""
+    from benchmarks.bench_attention import engine_tables
+
+    t = engine_tables([600] * 4, 16, 512)
+    assert [len(x) for x in t] == [38] * 4 and len({b for x in t for b in x}) == 4 * 38
+    assert t[1][:32] == list(range(32, 64)) and t[1][32:35] == [129, 133, 137]
+    assert engine_tables([40, 70, 33], 16, 32) == [[0, 1, 6], [2, 3, 7, 9, 10], [4, 5, 8]]
+
+
 def test_throughput_profile_steps(tmp_path, capsys):
     """--profile-steps A:B profiles timed steps A..B-1 of the run (torch.profiler, `kvpack_step` ranges)
     into PREFIX_<format>_profile.json: one "per step" row (wall time; on CPU no GPU events, busy 0) and
