@@ -4,6 +4,9 @@
 top-p off. Generation stops at the first of: an EOS token (unless `ignore_eos`), a token in
 `stop_token_ids`, a `stop` string (the text is cut before it), `max_tokens` new tokens, or the
 engine's `max_model_len`. Neither EOS nor stop tokens can end a request before `min_tokens`.
+`output_kind` (vLLM's RequestOutputKind, by name): "cumulative" (default) returns the request's output
+from every step that advanced it; "final_only" only once it finishes, so a large batch of long
+requests does not rebuild every output each step (`LLM.generate` and `kvpack bench throughput` use it).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from kvpack.config import ConfigError
 
 MAX_LOGPROBS = 20
+OUTPUT_KINDS = ("cumulative", "final_only")
 # Below this a temperature is treated as 0 (greedy); dividing by it would overflow the logits.
 GREEDY_EPS = 1e-5
 
@@ -31,6 +35,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    output_kind: str = "cumulative"
     # Normalized forms, derived in __post_init__.
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
     stop_ids: frozenset[int] = field(init=False, repr=False, compare=False, default=frozenset())
@@ -58,6 +63,8 @@ class SamplingParams:
             raise ConfigError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ConfigError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) for s in stop):
             raise ConfigError(f"stop must be a string or a list of strings, got {self.stop!r}")

@@ -16,6 +16,7 @@ import random
 import pytest
 import torch
 
+from kvpack.config import ConfigError
 from kvpack.engine.llm_engine import LLMEngine, RequestError
 from kvpack.models import load_model
 from kvpack.sampling_params import SamplingParams
@@ -245,6 +246,32 @@ def test_abort_frees_blocks(loaded, prompts):
         engine.abort_request(rid)
     assert not engine.has_unfinished_requests()
     assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_final_only_outputs(loaded, prompts):
+    """output_kind="final_only": a request yields no output until it finishes, then the same output as
+    "cumulative" (tokens, text, finish reason); cumulative requests in the same batch still report every
+    step; an unknown kind is a ConfigError naming the choices."""
+    import dataclasses
+
+    want = run(make_engine(loaded), prompts[:4])
+    engine = make_engine(loaded)
+    params = [dataclasses.replace(GREEDY, output_kind="final_only" if i % 2 == 0 else "cumulative") for i in range(4)]
+    for i, (p, sp) in enumerate(zip(prompts[:4], params)):
+        engine.add_request(str(i), p, sp)
+    seen, done = {str(i): 0 for i in range(4)}, {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen[out.request_id] += 1
+            assert out.finished or int(out.request_id) % 2 == 1, "a final_only request reported before its end"
+            if out.finished:
+                done[out.request_id] = out
+    assert [seen[str(i)] for i in (0, 2)] == [1, 1] and all(seen[str(i)] > 1 for i in (1, 3))
+    for i, w in enumerate(want):
+        got = done[str(i)]
+        assert (got.token_ids, got.outputs[0].text, got.finish_reason) == (w.token_ids, w.outputs[0].text, w.finish_reason)
+    with pytest.raises(ConfigError, match="output_kind must be one of cumulative, final_only"):
+        SamplingParams(output_kind="delta")
 
 
 def test_request_validation(loaded):

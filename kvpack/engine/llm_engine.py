@@ -358,6 +358,8 @@ class LLMEngine:
         self.counters["generation_tokens"] += len(advanced)
         outputs = []
         for req in touched.values():
+            if req.seqs[0].params.output_kind == "final_only" and not req.finished:
+                continue  # no output until it finishes: building one copies every token so far
             out = req.output()
             if out.finished:
                 out.metrics["finished_time"] = now

@@ -10,6 +10,8 @@ All prompts are queued at once and run with continuous batching; outputs come ba
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import sys
 from typing import Any, Sequence as Seq
@@ -102,6 +104,7 @@ class LLM:
     ) -> list[RequestOutput]:
         engine = self.llm_engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
+        params = [dataclasses.replace(p, output_kind="final_only") for p in params]  # only final outputs are read
         try:
             for rid, prompt, p in zip(ids, prompts, params):
                 engine.add_request(rid, prompt, p)

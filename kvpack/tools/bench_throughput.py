@@ -110,7 +110,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
     t0 = time.time()
     for i, (ids, out_len) in enumerate(workload):
         params = SamplingParams(temperature=temperature, max_tokens=out_len, min_tokens=out_len,
-                                ignore_eos=True, seed=None)
+                                ignore_eos=True, seed=None, output_kind="final_only")
         engine.add_request(f"{prefix}-{i}", ids, params, arrival_time=t0)
     total_blocks = engine.num_total_blocks
     peak_used = peak_running = steps = 0
