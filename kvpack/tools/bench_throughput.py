@@ -31,8 +31,8 @@ from kvpack.config import KVPackError
 from kvpack.sampling_params import SamplingParams
 from kvpack.tools.bench_common import (
     LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
-    TritonCompileLog, parse_len_range, percentile, profile_timeline, random_prompts, release, text_prompts,
-    write_json,
+    TritonCompileLog, parse_len_range, percentile, profile_timeline, random_prompts, release, sync,
+    text_prompts, write_json,
 )
 
 COLUMNS = [("kv_cache_dtype", "format", ""), ("kv_cache_tokens", "KV tokens", ",d"),
@@ -134,7 +134,7 @@ def run_requests(engine: Any, workload: list[tuple[list[int], int]], temperature
                 outputs = engine.step()
             dt = time.perf_counter() - s
             if prof is not None and (steps + 1 == profile[0].hi or not engine.has_unfinished_requests()):
-                _sync()
+                sync()
                 prof.__exit__(None, None, None)
                 profile[1].extend(profile_timeline(prof, steps + 1 - profile[0].lo))
                 prof = None
@@ -205,11 +205,6 @@ def _start_profiler():
     prof = torch.profiler.profile(activities=acts)
     prof.__enter__()
     return prof
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def write_step_log(path: str, rows: list[tuple]) -> None:
