@@ -123,6 +123,27 @@ def test_detokenizer_flush_gives_incomplete_tail(ours):
     assert d.flush() == ours.decode(ids[:-1])
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_detokenizer_drops_ids_decode_leaves_out(ours, skip):
+    """Special tokens (when skipped) and ids outside the vocabulary: the joined deltas still equal
+    `decode(all ids)`, and a long run of such ids does not grow the window decoded each step."""
+    specials = ours.encode("<|im_start|><|im_end|>", add_special_tokens=False)
+    assert len(specials) == 2 and all(ours.decodes_to_nothing(i, True) for i in specials)
+    assert not any(ours.decodes_to_nothing(i, False) for i in specials)
+    unknown = ours.vocab_size + 7
+    assert ours.decodes_to_nothing(unknown, skip)
+    text_ids = ours.encode("Olá 🙂 world, then more text", add_special_tokens=False)
+    ids = text_ids[:4] + [specials[0]] + [unknown] * 3 + text_ids[4:7] + [specials[1]] + text_ids[7:]
+    d = Detokenizer(ours, skip_special_tokens=skip)
+    out = "".join(d.add([i]) for i in ids) + d.flush()
+    assert out == ours.decode([i for i in ids if i != unknown], skip_special_tokens=skip)
+    d = Detokenizer(ours, prompt_ids=text_ids, skip_special_tokens=skip)
+    for _ in range(500):
+        assert d.add([unknown]) == ""
+    assert len(d.ids) <= 6
+    assert d.add(text_ids[:2]) == ours.decode(text_ids + text_ids[:2])[len(ours.decode(text_ids)):]
+
+
 def test_byte_tokenizer_round_trip():
     tok = byte_tokenizer(300)
     text = "any text ✓ 🙂\n"

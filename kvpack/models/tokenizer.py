@@ -40,6 +40,13 @@ class Tokenizer:
         self.eos_token_ids = tuple(dict.fromkeys(i for i in [*eos, *eos_token_ids] if i is not None))
         self.chat_template = chat_template
         self._template = None
+        self._special = frozenset(t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special)
+
+    def decodes_to_nothing(self, token_id: int, skip_special_tokens: bool = True) -> bool:
+        """Whether `decode` leaves `token_id` out whatever surrounds it: an id outside the vocabulary,
+        or a special token when those are skipped (the ids `tokenizers` filters before its decoder)."""
+        token = self.backend.id_to_token(token_id)
+        return token is None or (skip_special_tokens and token in self._special)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -100,17 +107,29 @@ class Detokenizer:
     Text is emitted only once it no longer ends in an incomplete UTF-8 sequence (U+FFFD), and each
     delta is decoded together with a few preceding ids so that tokenizers whose decoding depends on
     the neighbour (leading-space stripping) still produce exactly `decode(all_ids)` once joined.
+    Ids that `decode` leaves out anyway (`Tokenizer.decodes_to_nothing`) are dropped on arrival: a
+    run of them would otherwise keep the held-back window growing, and every step would decode it
+    all again (random-weight presets sample such ids almost always).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None,
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = list(prompt_ids or [])[-6:]
+        context: list[int] = []
+        for i in reversed(prompt_ids or []):  # the prompt's last 6 ids that decode to something
+            if len(context) == 6:
+                break
+            if not tokenizer.decodes_to_nothing(i, skip_special_tokens):
+                context.append(i)
+        self.ids: list[int] = context[::-1]
         self.read_offset = len(self.ids)
         self.prefix_offset = max(0, self.read_offset - 5)
 
     def add(self, new_ids: list[int]) -> str:
+        new_ids = [i for i in new_ids if not self.tokenizer.decodes_to_nothing(i, self.skip_special_tokens)]
+        if not new_ids:
+            return ""
         self.ids.extend(new_ids)
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         text = self._decode(self.ids[self.prefix_offset:])
