@@ -11,6 +11,10 @@ decode batches replayed a CUDA graph (the `replays` column, logs from session 16
 batch that did not replay one ran eagerly, with the host's launch overhead).
 
     python benchmarks/summarize_step_log.py results/gpu_suite_s13/kv_bound_steps_*_d93ef3c.tsv
+
+`--plot PNG` also draws each log's decode->decode step times against the step index (a running
+median over `--window` steps) with the decode batch below: a step time that grows while the batch
+does not is work that grows with the context (results/gpu_suite_s17: the host's detokenization).
 """
 
 from __future__ import annotations
@@ -54,12 +58,52 @@ def summarize(path: str) -> dict:
     return out
 
 
+def plot(paths: list[str], labels: list[str], out: str, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax_ms, ax_b) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(2, 1))
+    for path, label in zip(paths, labels):
+        with open(path) as f:
+            rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f, delimiter="\t")]
+        dd = [r for r in rows if kind(r) == "decode->decode"]
+        if not dd:
+            continue
+        step = np.array([r["step"] for r in dd])
+        ms = np.array([r["ms"] for r in dd])
+        w = max(1, min(window, len(ms)))
+        med = np.array([np.median(ms[max(0, i - w + 1):i + 1]) for i in range(len(ms))])
+        (line,) = ax_ms.plot(step, med, label=label, lw=1.2)
+        ax_b.plot(step, [r["generated"] for r in dd], color=line.get_color(), lw=1.0)
+    ax_ms.set_ylabel(f"decode step, ms (median of {window})")
+    ax_ms.set_ylim(bottom=0)
+    ax_ms.legend(fontsize=8)
+    ax_ms.grid(alpha=0.3)
+    ax_b.set_ylabel("sequences a step")
+    ax_b.set_xlabel("step")
+    ax_b.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+", help="step-log TSV files")
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("--plot", metavar="PNG", help="also plot decode->decode step times and batches per step")
+    ap.add_argument("--labels", help="comma list, one legend label per log (default: the file names)")
+    ap.add_argument("--window", type=int, default=15, help="--plot: running-median window in steps")
     args = ap.parse_args(argv)
+    labels = args.labels.split(",") if args.labels else [os.path.basename(p) for p in args.logs]
+    if len(labels) != len(args.logs):
+        ap.error(f"--labels has {len(labels)} labels for {len(args.logs)} logs")
     res = [summarize(p) for p in args.logs]
+    if args.plot:
+        plot(args.logs, labels, args.plot, args.window)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0

@@ -161,6 +161,12 @@ def test_throughput_tiny_with_preemption(tmp_path, capsys):
             assert (k["steps"], k["generated"]) == (kinds[name]["steps"], kinds[name]["generated"])
             assert k["seconds"] == pytest.approx(kinds[name]["seconds"], abs=1e-3 * k["steps"] + 1e-6)
     assert payload["results"][0]["output_tok_s_vs_bf16"] == 1.0 and payload["complete"] is True
+    logs = sorted(str(p) for p in (tmp_path / "logs").glob("steps_*.tsv"))
+    png = tmp_path / "steps.png"
+    assert summarize_step_log.main([*logs, "--plot", str(png), "--labels", ",".join(map(str, range(len(logs))))]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        summarize_step_log.main([*logs, "--plot", str(png), "--labels", ",".join(["x"] * (len(logs) + 1))])
 
 
 def test_throughput_repeats(tmp_path, capsys):
