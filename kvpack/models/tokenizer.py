@@ -117,7 +117,7 @@ class Detokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         context: list[int] = []
-        for i in reversed(prompt_ids or []):  # the prompt's last 6 ids that decode to something
+        for i in reversed((prompt_ids or [])[-64:]):  # the prompt's last 6 ids that decode to something
             if len(context) == 6:
                 break
             if not tokenizer.decodes_to_nothing(i, skip_special_tokens):
