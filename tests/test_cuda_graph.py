@@ -111,8 +111,20 @@ def test_warmup_eager_writes_nothing(fmt):
         assert runner.warmup_eager(force=True) == 4
     finally:
         del loaded.model.forward
-    # context min(max_model_len, 4096) = 300; chunks min(2048, 64 - 4 decodes) = 60 and 60
+    # context min(max_model_len, 4096) = 300; chunks min(2048, 64 - 4 decodes) = 60 and 60; no batch
+    # of >= ROW_MIN_TOKENS (1024) tokens fits in 64
     assert seen == [(60, 60, 300, False), (60, 60, 300, False), (64, 60, 300, True), (64, 60, 300, True)]
+    # with room for 2048 tokens a step, the chunks (300) still miss the write's row layout: four whole
+    # prompts of 256 tokens add up to it
+    seen.clear()
+    runner = CUDAGraphModelRunner(loaded.model, kv, "cpu", Sampler(), (), max_num_seqs=8,
+                                  max_num_batched_tokens=2048, max_model_len=300)
+    loaded.model.forward = spy
+    try:
+        assert runner.warmup_eager(force=True) == 5
+    finally:
+        del loaded.model.forward
+    assert seen[-1] == (1024, 256, 256, False) and all(s[0] < 1024 for s in seen[:-1])
     after = [t for layer in kv.layers for pool in (layer.k, layer.v)
              for t in (pool.codes, pool.scales, pool.zeros) if t is not None]
     assert all(torch.equal(a, b) for a, b in zip(before, after))

@@ -95,11 +95,17 @@ class ModelRunner:
         of a request (2-3 s each on an H200: a timed KV-bound run met three, `bench throughput`'s
         `triton_compiles`). The batches: a long chunk on a cached prefix (quantized caches read it
         through the prefill workspace), a short chunk on a long prefix (they dequantize in the
-        kernel), and each beside decode rows (the decode kernel on the leading rows). Only on CUDA
-        (`force`: anywhere, for tests); the tables point at any blocks, whose contents are not
-        read into anything kept. Returns the number of batches run."""
+        kernel), and each beside decode rows (the decode kernel on the leading rows). When those
+        chunks are shorter than the cache write's row layout needs (`ROW_MIN_TOKENS`: max_model_len
+        below it), one more batch of whole prompts adds up to that many tokens, as a prefill step of
+        many short prompts does (FP8's first such step compiled the write there: 0.53 s,
+        results/gpu_suite_s17/fp8_first_run). Only on CUDA (`force`: anywhere, for tests); the tables
+        point at any blocks, whose contents are not read into anything kept. Returns the number of
+        batches run."""
         if self.device.type != "cuda" and not force:
             return 0
+        from kvpack.kernels.cache_write import ROW_MIN_TOKENS
+
         bs, nblocks = self.block_size, self.kv_cache.num_blocks
         ctx = min(self.max_model_len, EAGER_WARMUP_CONTEXT)
         long_q = max(2, min(EAGER_WARMUP_LONG_CHUNK, self.max_num_batched_tokens - EAGER_WARMUP_DECODES, ctx))
@@ -107,6 +113,11 @@ class ModelRunner:
         batches = [([long_q], [ctx]), ([short_q], [ctx]),
                    ([1] * EAGER_WARMUP_DECODES + [short_q], [ctx] * (EAGER_WARMUP_DECODES + 1)),
                    ([1] * EAGER_WARMUP_DECODES + [long_q], [ctx] * (EAGER_WARMUP_DECODES + 1))]
+        if long_q < ROW_MIN_TOKENS:
+            k = -(-ROW_MIN_TOKENS // min(ctx, ROW_MIN_TOKENS))  # prompts of at most ctx tokens
+            per = -(-ROW_MIN_TOKENS // k)
+            if k <= self.max_num_seqs and k * per <= self.max_num_batched_tokens:
+                batches.append(([per] * k, [per] * k))
         for query_lens, seq_lens in batches:
             tables = dummy_block_tables(seq_lens, bs, nblocks)
             metadata, positions = build_metadata(query_lens, seq_lens, tables, bs, self.device)
