@@ -34,9 +34,13 @@ def kind(row: dict) -> str:
     return step_kind(row["computed"], row["generated"], row["next_tokens"], row["next_seqs"])
 
 
-def summarize(path: str) -> dict:
+def read_log(path: str) -> list[dict]:
     with open(path) as f:
-        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f, delimiter="\t")]
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f, delimiter="\t")]
+
+
+def summarize(path: str) -> dict:
+    rows = read_log(path)
     out: dict = {"file": path, "steps": len(rows), "seconds": sum(r["ms"] for r in rows) / 1000,
                  "generated": int(sum(r["generated"] for r in rows)),
                  "compiles": int(rows[-1]["compiles"]) if rows else 0, "kinds": {},
@@ -67,9 +71,7 @@ def plot(paths: list[str], labels: list[str], out: str, window: int) -> None:
 
     fig, (ax_ms, ax_b) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(2, 1))
     for path, label in zip(paths, labels):
-        with open(path) as f:
-            rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f, delimiter="\t")]
-        dd = [r for r in rows if kind(r) == "decode->decode"]
+        dd = [r for r in read_log(path) if kind(r) == "decode->decode"]
         if not dd:
             continue
         step = np.array([r["step"] for r in dd])
