@@ -1,6 +1,7 @@
-"""int4 decode on an H200: "dot" against "frag" (codes dequantized in the MMA fragment layout) with its
-V loads issued early or late (KVPACK_FRAG_V4_EARLY) and with or without the L2 prefetch, at #4's
-Llama-3.1-8B shapes and split counts around the plan's. Each output is checked against "dot".
+"""int4 decode on an H200: "dot" against "frag" (codes dequantized in the MMA fragment layout) and
+"fragt" (both products transposed; by halves of the head dimension: KVPACK_FRAGT_HALVES), with or
+without the L2 prefetch and either split merge, at #4's Llama-3.1-8B shapes and split counts around
+the plan's. Each output is checked against "dot".
 
     python benchmarks/probe_frag_int4.py [--shapes llama8b-32x4096,...] [--rep-ms 15] [--out probe.json]
 """
@@ -27,7 +28,7 @@ def main() -> int:
     ap.add_argument("--rep-ms", type=int, default=15)
     ap.add_argument("--split-mults", default="0.5,1,2")
     ap.add_argument("--block-sizes", default="16", help="KV cache block sizes (tokens), each a full run")
-    ap.add_argument("--configs", default="dot,frag-late,frag-early,frag-early-pf0,frag-early-pf2")
+    ap.add_argument("--configs", default="dot,frag,fragt,fragt-pf0,fragt-fused")
     ap.add_argument("--out", default="probe_frag_int4.json")
     args = ap.parse_args()
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
@@ -37,9 +38,15 @@ def main() -> int:
     print(json.dumps(environment(sys.argv)), flush=True)
     shapes = [replace(s, block_size=int(bs)) for bs in args.block_sizes.split(",")
               for s in SHAPES if s.name in args.shapes.split(",")]
-    configs = {"dot": ("dot", "1", {}), "frag-late": ("frag", "0", {}), "frag-early": ("frag", "1", {}),
-               "frag-early-pf0": ("frag", "1", {"prefetch": 0}), "frag-early-pf2": ("frag", "1", {"prefetch": 2}),
-               "auto": (None, "1", {})}
+    # name: (variant, KVPACK_FRAGT_HALVES, keyword arguments)
+    configs = {"dot": ("dot", "", {}), "frag": ("frag", "", {}), "frag-pf0": ("frag", "", {"prefetch": 0}),
+               "frag-pf2": ("frag", "", {"prefetch": 2}), "auto": (None, "", {}),
+               "fragt": ("fragt", "", {}), "fragt-pf0": ("fragt", "", {"prefetch": 0}),
+               "fragt-pf2": ("fragt", "", {"prefetch": 2}),
+               "fragt-fused": ("fragt", "", {"merge": "fused"}), "fragt-sep": ("fragt", "", {"merge": "separate"}),
+               "fragt-halves": ("fragt", "early", {}), "fragt-halves-late": ("fragt", "late", {}),
+               "fragt-halves-late-r168": ("fragt", "late", {"maxnreg": 168}),
+               "frag-fused": ("frag", "", {"merge": "fused"}), "dot-sep": ("dot", "", {"merge": "separate"})}
     for shape in shapes:
         bf = make_case("bf16", shape, "cuda", gen)
         scale = shape.head_dim ** -0.5
@@ -51,7 +58,7 @@ def main() -> int:
                 ref = None
             for name in args.configs.split(","):
                 variant, env, kw = configs[name]
-                os.environ["KVPACK_FRAG_V4_EARLY"] = env
+                os.environ["KVPACK_FRAGT_HALVES"] = env
                 base = plan_decode(q, lc, meta, scale, variant=variant, **kw).grid[2]
                 for m in [float(x) for x in args.split_mults.split(",")]:
                     sp = max(1, int(base * m))

@@ -143,6 +143,13 @@ def variants():
                 plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
                 out.append((f"decode-{'frag-pf' if name == 'int4' else 'ring'}/{name}/D{D}", plan.kernel, plan.args,
                             plan.options))
+                if name == "int4":  # both products transposed ("fragt")
+                    for splits, merge, pf in ((1, "auto", 0), (2, "separate", 1), (2, "fused", 1)):
+                        plan = plan_decode(q, lc, meta2, 0.1, num_splits=splits, variant="fragt", prefetch=pf,
+                                           merge=merge)
+                        assert plan.variant == "fragt", plan.variant
+                        out.append((f"decode-t4/{name}/D{D}/splits{splits}/{merge}/pf{pf}", plan.kernel, plan.args,
+                                    plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)

@@ -237,6 +237,44 @@ def test_decode_frag_int4_gpu(k_name, v_name, group_size, block_size, splits, pr
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [16, 32, 64])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits,merge", [(None, "auto"), (1, "auto"), (3, "separate"), (3, "fused")])
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("Hq,Hkv", [(32, 8), (24, 8), (8, 8), (16, 2)])
+def test_decode_fragt_int4_gpu(group_size, block_size, splits, merge, prefetch, Hq, Hkv):
+    """int4 with both products transposed ("fragt": scores K @ q^T, output V^T @ P^T, the query heads as
+    the MMA's n = 8) against the reference, with "dot"'s tolerance: group sizes 16 / 32 / 64, GQA groups
+    of 4, 3, 1 and 8, odd lengths, random block tables, split-K with either merge, with and without the
+    L2 prefetch."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    lens = [1, 17, 64, 1000, 4099, 257]
+    q, lc, meta = build_case("int4", "int4", lens, Hq, Hkv, 128, block_size, device="cuda", group_size=group_size)
+    scale = 128 ** -0.5
+    kw = dict(num_splits=splits, variant="fragt", prefetch=prefetch, merge=merge)
+    plan = plan_decode(q, lc, meta, scale, **kw)
+    assert plan.variant == "fragt" and plan.args[plan.kernel.arg_names.index("PREFETCH")] == prefetch
+    out = decode_paged_attention(q, lc, meta, scale, **kw)
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    err = ((out.float() - ref).abs() - RTOL * ref.abs()).max().item()
+    assert err <= ATOL, f"g{group_size} bs{block_size} splits {splits} {merge} pf{prefetch} {Hq}/{Hkv}: {err:.2e}"
+
+
+@pytest.mark.parametrize("k_name,v_name,Hq,want", [("int4", "int4", 32, "fragt"), ("int4", "int4", 64, "fragt"),
+                                                   ("int4", "int4", 72, "dot"), ("int8", "int4", 32, "imma"),
+                                                   ("fp8_e4m3", "fp8_e4m3", 32, "frag")])
+def test_fragt_scope(k_name, v_name, Hq, want, monkeypatch):
+    """"fragt" takes int4 K and V at GQA groups <= 8 (the MMA's n = 8), else what "frag" would run
+    ("frag" for 8-bit codes, the fallback otherwise)."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
+    q, lc, meta = build_case(k_name, v_name, [300, 9], Hq, 8, 128, 16)
+    assert da.plan_decode(q, lc, meta, 0.1, variant="fragt").variant == want
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
                                             ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
 @pytest.mark.parametrize("block_size", [8, 16, 64])
@@ -286,7 +324,8 @@ def test_frag_scope(k_name, v_name, D, Hq, bs, want, monkeypatch):
 @pytest.mark.parametrize("group_size,want", [(8, "dot"), (16, "frag"), (64, "frag")])
 def test_frag_int4_scope(group_size, want, monkeypatch):
     """int4 in "frag" needs groups of >= 16 channels (a lane's 16 K code bytes share one); "auto" on int4
-    stays "dot" (no faster, session 16); the L2 prefetch (PREFETCH 1) is the default, never the ring."""
+    K and V takes "fragt" (session 18) within the same scope, else "dot"; the L2 prefetch (PREFETCH 1) is
+    the default, never the ring."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
@@ -296,7 +335,10 @@ def test_frag_int4_scope(group_size, want, monkeypatch):
     assert plan.variant == want
     if want == "frag":
         assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == 1
-    assert da.plan_decode(q, lc, meta, 0.1).variant == "dot"
+    auto = da.plan_decode(q, lc, meta, 0.1)
+    assert auto.variant == want.replace("frag", "fragt")
+    if want == "frag":
+        assert auto.args[auto.kernel.arg_names.index("PREFETCH")] == 1
 
 
 @pytest.mark.parametrize("kinds", [("fp8_e4m3", "fp8_e5m2"), ("int8", "int8"), ("int8-static", "int8")])
@@ -532,7 +574,7 @@ def test_decode_merge_choice(monkeypatch):
 @pytest.mark.parametrize("k_name,v_name,variant,prefetch", [
     ("bfloat16", "bfloat16", "dot", None), ("int8", "int8", "imma", None), ("int4", "int4", "dot", None),
     ("int8", "int8", "frag", 0), ("int8", "int8", "frag", 1), ("fp8_e4m3", "fp8_e4m3", "frag", 1),
-    ("fp8_e5m2", "int8", "dot", None)])
+    ("fp8_e5m2", "int8", "dot", None), ("int4", "int4", "fragt", 1)])
 @pytest.mark.parametrize("splits", [2, 7, 16, 40])
 def test_decode_fused_merge_gpu(k_name, v_name, variant, prefetch, splits):
     """The fused merge on the GPU, where programs race to the counter: Llama-3.1-8B heads, odd lengths,
@@ -722,6 +764,9 @@ def test_variant_selection(monkeypatch):
     assert choose_variant("int8", "int4") == "imma"  # "auto" (measured: results/attention_tune_s6)
     assert choose_variant("int8", "float") == "imma"
     assert choose_variant("int4", "int8") == "dot"
+    assert choose_variant("int4", "int4") == "fragt"  # session 18 (results/attention_s18)
+    assert choose_variant("int4", "int4", "fragt") == "fragt"
+    assert choose_variant("int8", "int8", "fragt") == "frag"  # fragt is int4's: "frag" elsewhere
     assert choose_variant("fp8_e4m3", "fp8_e5m2") == "frag?"  # plan_decode decides on the split length
     assert choose_variant("fp8_e4m3", "int8") == "frag?"  # 8-bit codes on both sides
     assert choose_variant("int8", "int8") == "frag?"  # session 7: frag-int8 faster on long splits

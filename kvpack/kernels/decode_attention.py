@@ -34,6 +34,7 @@ are float32.
 
 from __future__ import annotations
 
+import os
 import torch
 import triton
 import triton.language as tl
@@ -51,9 +52,9 @@ from kvpack.kernels.quant import (
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
-    from kvpack.kernels.decode_frag import _frag_decode_kernel
+    from kvpack.kernels.decode_frag import _frag_decode_kernel, _fragt_decode_kernel
 except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to "dot"
-    _frag_decode_kernel = None
+    _frag_decode_kernel = _fragt_decode_kernel = None
 
 _LOG2E = 1.4426950408889634
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
@@ -542,8 +543,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # int4 in "frag": groups of >= 16 channels; not with int8 K (its int8 MMAs and int4 V spill: sm_90 SASS
     # 96 LDL / 128 STL a program, never run on a GPU)
     int4_out = int4 and (min(kp.fmt.group_size, vp.fmt.group_size) < FRAG_INT4_MIN_GROUP or kp.fmt.kind == "int8")
-    if variant in ("frag", "frag?") and (INTERPRET or _frag_decode_kernel is None or D != 128 or group > 16
-                                           or block_size < 8 or int4_out):
+    if variant in ("frag", "frag?", "fragt") and (INTERPRET or _frag_decode_kernel is None or D != 128
+                                                    or group > (8 if variant == "fragt" else 16)
+                                                    or block_size < 8 or int4_out):
         variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
     # "frag" copies whole tiles a tile ahead through a cp.async ring where its grid stays small
     # (`choose_ring_splits`; blocks >= 16 tokens: the scale copies need 4-byte alignment; 8-bit codes only)
@@ -559,7 +561,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             ring_splits = None  # the ring's splits are short: the plain kernel's rule decides
         splits = num_splits or ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
         variant = "frag" if split_len(splits) >= FRAG_MIN_TOKENS else fallback_variant(kp.fmt.kind)
-    if variant == "frag":  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
+    if variant in ("frag", "fragt"):  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
             num_splits = ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
@@ -586,7 +588,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # Gluon kernel, int4 halves at a head dim that is not a power of two (Hadamard blocks straddle them)
     d_pad = next_pow2(D)
     def in_kernel_ok(kind: str) -> bool:  # `_decode_kernel` rotates this side's rows itself
-        return variant != "frag" and (D == d_pad or kind != "int4")
+        return variant not in ("frag", "fragt") and (D == d_pad or kind != "int4")
 
     rot_q = kp.fmt.rotate and in_kernel_ok(kp.fmt.kind)
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
@@ -621,8 +623,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
+
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
-    kernel = _frag_decode_kernel if variant == "frag" else _decode_kernel
+    kernel = {"frag": _frag_decode_kernel, "fragt": _fragt_decode_kernel}.get(variant, _decode_kernel)
     args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
     half_pad = next_pow2(max(D // 2, 1))
     group_pad = max(16, next_pow2(group))
@@ -634,6 +637,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
     args += [v_mean, hb, hadamard_norm(hb), *([rot_q] if kernel is _decode_kernel else []),  # frag: no q rotation
              *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
+    if variant == "fragt":  # (experiment)
+        halves = os.environ.get("KVPACK_FRAGT_HALVES", "")
+        args += [bool(halves), halves == "late"]
     merge_grid = merge_args = None
     if num_splits > 1 and not fused:
         merge_grid = (B, Hq)

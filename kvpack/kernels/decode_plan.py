@@ -127,7 +127,7 @@ def choose_merge(num_splits: int, variant: str, merge: str | None = None) -> boo
         raise ConfigError(f"decode merge {name!r} (argument or KVPACK_DECODE_MERGE) is not one of " + ", ".join(MERGES))
     if num_splits <= 1:
         return False
-    return name == "fused" or (name == "auto" and variant != "frag" and num_splits <= FUSED_MERGE_MAX_SPLITS)
+    return name == "fused" or (name == "auto" and variant not in ("frag", "fragt") and num_splits <= FUSED_MERGE_MAX_SPLITS)
 
 
 def merge_chunk(group: int, head_dim_pad: int, num_splits: int, num_warps: int) -> tuple[int, int]:
@@ -154,7 +154,7 @@ def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
     return cnt
 
 
-VARIANTS = ("auto", "dot", "imma", "frag")
+VARIANTS = ("auto", "dot", "imma", "frag", "fragt")
 FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` reads
 FRAG_INT4_MIN_GROUP = 16  # int4 in "frag" (asked for, not "auto"): a lane's 16 K bytes share one group
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
@@ -166,12 +166,15 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     else "auto". "auto" (measured on an H200, results/attention_tune_s6 and _s7): "frag" for 8-bit K
     and V (int8 or FP8) where `plan_decode` finds its scope and >= 1024 tokens per program (FP8 5-13 %,
     int8 4-7 % faster there; slower with fewer), else "imma" for int8 K (8-14 % faster than "dot"),
-    else "dot". The others: "dot" (tensor cores, fp16 operands), "imma" ("dot" with the scores from an
+    else "dot"; int4 K and V: "fragt" (session 18, results/attention_s18: 0.84-0.99x the time of "dot").
+    The others: "dot" (tensor cores, fp16 operands), "imma" ("dot" with the scores from an
     int8 MMA: int8 K only, else "dot"), "frag" (codes loaded in the MMA fragment layout,
-    `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback).
+    `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback), "fragt"
+    ("frag" for int4 K and V with both products transposed: the query heads are the MMA's n = 8; GQA
+    groups <= 8; asked for on other formats it means "frag").
     `plan_decode` also falls back outside frag's head-dim / group / block scope; the fallback is
-    "imma" for int8 K, else "dot" (`fallback_variant`). int4 on either side takes "frag" only when asked
-    for (session 16: no faster than "dot", results/attention_s16).
+    "imma" for int8 K, else "dot" (`fallback_variant`). int4 on one side only takes "frag" only when
+    asked for (session 16: no faster than "dot", results/attention_s16).
     Returns the variant, or "frag?" ("auto" on 8-bit K and V: `plan_decode` decides between "frag"
     and the fallback once it knows the split length)."""
     name = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "auto"
@@ -180,8 +183,12 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
                           + ", ".join(VARIANTS))
     frag_ok = k_kind in FRAG_KINDS and v_kind in FRAG_KINDS
     if name == "auto":
+        if k_kind == v_kind == "int4":
+            return "fragt"  # session 18: 0.84-0.99x the time of "dot" (`plan_decode` falls back outside its scope)
         return "frag?" if frag_ok else fallback_variant(k_kind)
     frag_ok = k_kind in (*FRAG_KINDS, "int4") and v_kind in (*FRAG_KINDS, "int4")  # int4: when asked for
+    if name == "fragt" and not k_kind == v_kind == "int4":
+        name = "frag"  # the transposed products take int4 K and V only
     if name == "imma" or (name == "frag" and not frag_ok):
         return fallback_variant(k_kind)
     return name
