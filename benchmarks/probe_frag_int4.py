@@ -1,5 +1,5 @@
 """int4 decode on an H200: "dot" against "frag" (codes dequantized in the MMA fragment layout) and
-"fragt" (both products transposed; by halves of the head dimension: KVPACK_FRAGT_HALVES), with or
+"fragt" (both products transposed; session 18's "fragt-halves*" ran e49d610's KVPACK_FRAGT_HALVES), with or
 without the L2 prefetch and either split merge, at #4's Llama-3.1-8B shapes and split counts around
 the plan's. Each output is checked against "dot".
 
@@ -38,14 +38,12 @@ def main() -> int:
     print(json.dumps(environment(sys.argv)), flush=True)
     shapes = [replace(s, block_size=int(bs)) for bs in args.block_sizes.split(",")
               for s in SHAPES if s.name in args.shapes.split(",")]
-    # name: (variant, KVPACK_FRAGT_HALVES, keyword arguments)
+    # name: (variant, environment KVPACK_FRAGT_HALVES (e49d610 only), keyword arguments)
     configs = {"dot": ("dot", "", {}), "frag": ("frag", "", {}), "frag-pf0": ("frag", "", {"prefetch": 0}),
                "frag-pf2": ("frag", "", {"prefetch": 2}), "auto": (None, "", {}),
                "fragt": ("fragt", "", {}), "fragt-pf0": ("fragt", "", {"prefetch": 0}),
                "fragt-pf2": ("fragt", "", {"prefetch": 2}),
                "fragt-fused": ("fragt", "", {"merge": "fused"}), "fragt-sep": ("fragt", "", {"merge": "separate"}),
-               "fragt-halves": ("fragt", "early", {}), "fragt-halves-late": ("fragt", "late", {}),
-               "fragt-halves-late-r168": ("fragt", "late", {"maxnreg": 168}),
                "frag-fused": ("frag", "", {"merge": "fused"}), "dot-sep": ("dot", "", {"merge": "separate"})}
     for shape in shapes:
         bf = make_case("bf16", shape, "cuda", gen)

@@ -34,7 +34,6 @@ are float32.
 
 from __future__ import annotations
 
-import os
 import torch
 import triton
 import triton.language as tl
@@ -637,9 +636,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
     args += [v_mean, hb, hadamard_norm(hb), *([rot_q] if kernel is _decode_kernel else []),  # frag: no q rotation
              *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
-    if variant == "fragt":  # (experiment)
-        halves = os.environ.get("KVPACK_FRAGT_HALVES", "")
-        args += [bool(halves), halves == "late"]
     merge_grid = merge_args = None
     if num_splits > 1 and not fused:
         merge_grid = (B, Hq)

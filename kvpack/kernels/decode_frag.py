@@ -156,46 +156,6 @@ fma.rn.f16x2 $3, a3, $10, $12;
 }""")
 
 
-# one nibble of each byte (HI: the high ones) -> code * s + m, as `_ASM_INT4_DEQ` does for both
-_ASM_INT4_DEQ_LO = gl.constexpr("""{
-.reg .b32 t, m, k, a0, a1;
-mov.b32 m, 0x64646464;
-mov.b32 k, 0x64006400;
-and.b32 t, $2, 0x0F0F0F0F;
-prmt.b32 a0, t, m, 0x4140;
-prmt.b32 a1, t, m, 0x4342;
-sub.f16x2 a0, a0, k;
-sub.f16x2 a1, a1, k;
-fma.rn.f16x2 $0, a0, $3, $5;
-fma.rn.f16x2 $1, a1, $4, $6;
-}""")
-_ASM_INT4_DEQ_HI = gl.constexpr("""{
-.reg .b32 t, m, k, a0, a1;
-mov.b32 m, 0x64646464;
-mov.b32 k, 0x64006400;
-shr.b32 t, $2, 4;
-and.b32 t, t, 0x0F0F0F0F;
-prmt.b32 a0, t, m, 0x4140;
-prmt.b32 a1, t, m, 0x4342;
-sub.f16x2 a0, a0, k;
-sub.f16x2 a1, a1, k;
-fma.rn.f16x2 $0, a0, $3, $5;
-fma.rn.f16x2 $1, a1, $4, $6;
-}""")
-
-
-@gluon.jit
-def _int4_dequant_half(c, s, z, HI: gl.constexpr):
-    """One nibble of each packed int4 byte of c (HI: the high ones) -> float16 code * s + m."""
-    if HI:
-        out = gl.inline_asm_elementwise(_ASM_INT4_DEQ_HI, "=r,=r,r,r,r,r,r", [c, s, z], dtype=gl.float16,
-                                        is_pure=True, pack=4)
-    else:
-        out = gl.inline_asm_elementwise(_ASM_INT4_DEQ_LO, "=r,=r,r,r,r,r,r", [c, s, z], dtype=gl.float16,
-                                        is_pure=True, pack=4)
-    return out
-
-
 @gluon.jit
 def _to_f16(c, FMT: gl.constexpr):
     """8-bit codes -> float16 (int8: the value; e4m3: value / 256; e5m2: the value), PTX byte moves."""
@@ -241,7 +201,7 @@ def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_c
 @gluon.jit
 def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
              BLOCK_SIZE: gl.constexpr, G: gl.constexpr, IDX64: gl.constexpr, MASKED: gl.constexpr,
-             AS_A: gl.constexpr = False, RAW: gl.constexpr = False):
+             AS_A: gl.constexpr = False):
     """A 64-token int4 K tile at n0 as the B operand [128, 64] of q @ K^T (AS_A: the A operand [64, 128]
     of K @ q^T; channels in the int4 K order of the module doc), dequantized in registers; also the
     tile's (first token, block, offset) of each 8-token group [8] for the per-token vectors."""
@@ -267,39 +227,17 @@ def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_
     z_lo = _ld(kz_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
     s_hi = _ld(ks_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
     z_hi = _ld(kz_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
-    if RAW:  # the codes and the lane's group parameters, for `_k4_half`
-        k = (kc, s_lo, z_lo, s_hi, z_hi)
+    lo, hi = _int4_dequant(kc, s_lo, z_lo, s_hi, z_hi)
+    # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + b = logical 16 j + 8 h + 2 t + e
+    # with 16 w + b = 4 j + 2 h + e (j = 4 w + b // 4)
+    k = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 4, 3]), [8, 8, 4, 8, 2, 2])  # i nl t j h e
+    if AS_A:  # the A operand [64, 128] of K @ q^T ("fragt")
+        k = gl.permute(k, [0, 1, 3, 4, 2, 5])  # i nl j h t e
+        k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP, assert_trivial=True)
     else:
-        lo, hi = _int4_dequant(kc, s_lo, z_lo, s_hi, z_hi)
-        # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + b = logical 16 j + 8 h + 2 t + e
-        # with 16 w + b = 4 j + 2 h + e (j = 4 w + b // 4)
-        k = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 4, 3]), [8, 8, 4, 8, 2, 2])  # i nl t j h e
-        if AS_A:  # the A operand [64, 128] of K @ q^T ("fragt")
-            k = gl.permute(k, [0, 1, 3, 4, 2, 5])  # i nl j h t e
-            k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP, assert_trivial=True)
-        else:
-            k = gl.permute(k, [3, 4, 2, 5, 0, 1])  # j h t e i nl
-            k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
+        k = gl.permute(k, [3, 4, 2, 5, 0, 1])  # j h t e i nl
+        k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
     return g0, blk, goff, k
-
-
-@gluon.jit
-def _k4_half(kc, s, z, HI: gl.constexpr):
-    """One half of a raw int4 K tile (`_k4_tile(..., RAW=True)`; HI: logical channels 64-127) as the A
-    operand [64, 64] of K @ q^T, dequantized: logical channel 16 j + 8 h + 2 t + e of the half is the
-    lane's value 4 j + 2 h + e."""
-    k = gl.reshape(_int4_dequant_half(kc, s, z, HI), [8, 8, 4, 4, 2, 2])  # i nl t j h e
-    k = gl.permute(k, [0, 1, 3, 4, 2, 5])  # i nl j h t e
-    return gl.convert_layout(gl.reshape(k, [64, 64]), A_OP, assert_trivial=True)
-
-
-@gluon.jit
-def _v4_half(vc, s, z, HI: gl.constexpr):
-    """One half of `_v4_load`'s codes (HI: logical output channels 64-127) as the A operand [64, 64] of
-    V^T @ P^T, dequantized: row 8 m + nl of the half is the lane's value m."""
-    v = gl.reshape(_int4_dequant_half(vc, s, z, HI), [64, 8, 8])  # token, nl, m
-    v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, 64])  # token, m, nl
-    return gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
 
 
 @gluon.jit
@@ -763,41 +701,6 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
 
 
 @gluon.jit
-def _fragt_tile_halves(n0, end, h, bt_row, q_lo, q_hi, m_i, l_i, acc_lo, acc_hi,
-                       kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                       vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                       BLOCK_SIZE: gl.constexpr, K_G: gl.constexpr, V_G: gl.constexpr, IDX64: gl.constexpr,
-                       MASKED: gl.constexpr, L2PF: gl.constexpr, V_LATE: gl.constexpr):
-    """`_fragt_tile` by halves of the head dimension (the two nibbles of each byte): each half's dequantized
-    tile (64 registers a lane) feeds its MMAs before the next is formed, so fewer registers stay live."""
-    g0, blk, goff, k4 = _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2,
-                                 k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED, True, True)
-    if not V_LATE:
-        v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                      V_G, MASKED)
-    if L2PF > 0:
-        _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
-                       k_ss2, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                       BLOCK_SIZE, IDX64, False, False, True, True)
-    s = mma_v2(_k4_half(k4[0], k4[1], k4[2], False), q_lo, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
-    s = mma_v2(_k4_half(k4[0], k4[3], k4[4], True), q_hi, s)
-    if V_LATE:
-        v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                      V_G, MASKED)
-    if MASKED:
-        tok = n0 + gl.arange(0, 64, layout=T_ROWS)
-        s = gl.where((tok < end)[:, None], s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=0))
-    p = gl.exp2(s - m_new[None, :])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=0)
-    pb = gl.convert_layout(p.to(gl.float16), B_OP)
-    acc_lo = mma_v2(_v4_half(v4[0], v4[1], v4[2], False), pb, acc_lo * alpha[None, :])
-    acc_hi = mma_v2(_v4_half(v4[0], v4[3], v4[4], True), pb, acc_hi * alpha[None, :])
-    return m_new, l_i, acc_lo, acc_hi
-
-
-@gluon.jit
 def _fragt_decode_kernel(
     q_ptr, sq_t, sq_h, qsl_ptr, seq_lens_ptr, bt_ptr, s_bt,
     kc_ptr, ks_ptr, kz_ptr, kst_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
@@ -813,7 +716,6 @@ def _fragt_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0,
-    HALVES: gl.constexpr = False, V_LATE: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
@@ -841,37 +743,16 @@ def _fragt_decode_kernel(
     l_i = gl.full([8], 0.0, gl.float32, layout=T_HEADS)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    if HALVES:  # logical channel 64 + c is physical 64 + phys(c)
-        kh = gl.arange(0, 64, layout=gl.SliceLayout(1, QT_LOAD))
-        ph = ((kh >> 1) & 3) * 16 + ((kh >> 4) & 3) * 4 + ((kh >> 3) & 1) * 2 + (kh & 1)
-        qs = qk_scale * K_FACTOR
-        q_lo = gl.load(q_base + ph[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
-        q_hi = gl.load(q_base + 64 + ph[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
-        q_lo = gl.convert_layout((q_lo * qs).to(gl.float16), B_OP)
-        q_hi = gl.convert_layout((q_hi * qs).to(gl.float16), B_OP)
-        acc_lo = gl.full([64, 8], 0.0, gl.float32, layout=MMA)
-        acc_hi = gl.full([64, 8], 0.0, gl.float32, layout=MMA)
-        for phase in gl.static_range(2):
-            lo = start + (full_end - start) * phase
-            hi = full_end + (end - full_end) * phase
-            for n0 in range(lo, hi, 64):
-                m_i, l_i, acc_lo, acc_hi = _fragt_tile_halves(
-                    n0, end, h, bt_row, q_lo, q_hi, m_i, l_i, acc_lo, acc_hi,
-                    kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                    BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, V_LATE)
-        acc = gl.convert_layout(gl.reshape(gl.permute(gl.join(acc_lo, acc_hi), [2, 0, 1]), [128, 8]), MMA)
-    else:
-        q = gl.convert_layout(qf, B_OP)
-        acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
-        for phase in gl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
-            lo = start + (full_end - start) * phase
-            hi = full_end + (end - full_end) * phase
-            for n0 in range(lo, hi, 64):
-                m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
-                                            kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                                            vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH)
+    q = gl.convert_layout(qf, B_OP)
+    acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
+    for phase in gl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
+        lo = start + (full_end - start) * phase
+        hi = full_end + (end - full_end) * phase
+        for n0 in range(lo, hi, 64):
+            m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
+                                        kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                        vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                        BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH)
 
     # row 8 m + nl of acc is output channel 64 (m // 8) + 8 nl + m % 8 (the int4 V order of the module doc)
     c = gl.arange(0, 128, layout=T_ROWS)

@@ -120,14 +120,15 @@ def choose_merge(num_splits: int, variant: str, merge: str | None = None) -> boo
     environment variable KVPACK_DECODE_MERGE, else "auto". "auto", measured on an H200
     (results/attention_s10, side by side): fused for "dot" / "imma" with 2-4 splits (int4 32 x 4096
     96.3 -> 92.0 us, 64 x 2048 95.4 -> 91.6; bf16 1-2 % faster), separate for "frag" (int8 85.3 -> 87.6
-    at 2 splits, FP8 0-2 % faster: no gain) and from 8 splits on (8 x 8192: equal or 4 % slower; at
+    at 2 splits, FP8 0-2 % faster: no gain; "fragt" fused: int4 32 x 4096 81.5 -> 78.8 us, 64 x 2048
+    80.5 -> 78.6, results/attention_s18) and from 8 splits on (8 x 8192: equal or 4 % slower; at
     128 splits one program reading them all took 1 x 32768 from 36 to 59-66 us)."""
     name = merge or os.environ.get("KVPACK_DECODE_MERGE", "") or "auto"
     if name not in MERGES:
         raise ConfigError(f"decode merge {name!r} (argument or KVPACK_DECODE_MERGE) is not one of " + ", ".join(MERGES))
     if num_splits <= 1:
         return False
-    return name == "fused" or (name == "auto" and variant not in ("frag", "fragt") and num_splits <= FUSED_MERGE_MAX_SPLITS)
+    return name == "fused" or (name == "auto" and variant != "frag" and num_splits <= FUSED_MERGE_MAX_SPLITS)
 
 
 def merge_chunk(group: int, head_dim_pad: int, num_splits: int, num_warps: int) -> tuple[int, int]:
