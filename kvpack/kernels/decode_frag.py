@@ -46,6 +46,24 @@ data between lanes.
   "auto" keeps "dot"; both sit at ~1.85 TB/s with ~250 registers (8 one-warp programs per SM).
   Group sizes >= 16 (a lane's 16 K bytes share a group); not int8 K with int4 V (it spills).
 
+- "fragt" (session 18; `_fragt_decode_kernel`, "auto" for int4 K and V at GQA groups <= 8): the int4
+  kernel with both products transposed, so that the query heads are the MMA's n dimension (8) instead of
+  its m (16, a group of 4 padded to 16): scores S^T [64 tokens, 8 heads] = K @ q^T with K as the A
+  operand, the online softmax down the token axis, O^T [128, 8] += V^T @ P^T with V^T as the A operand.
+  The lanes hold the same K and V bytes as in "frag" (the A layouts of K [64, 128] and V^T [128, 64]
+  cover the same tokens and channels per lane as the B layouts of K^T and V), so the loads, the
+  dequantization and the channel orders are frag's and the hand-overs are again proven register
+  renamings; P^T moves from the scores' accumulator layout to the B operand within the warp (shuffles),
+  q^T (softmax scale folded in, fp16) goes to its operand once per program through 2 KB of shared
+  memory. Per 64-token tile: 64 m16n8k16 MMAs instead of 128, a quarter of the padded softmax work,
+  an output accumulator of 32 registers a lane instead of 64 (sm_90 SASS of the whole kernel, both
+  phases: 4,424 instructions against 4,976; still ~250 registers; with the fused merge its epilogue
+  spills 52 / 57 words once per program, and still measured faster than the separate merge at 2-4 splits). H200 (results/attention_s18):
+  0.84-0.99x the time of "dot" (int4 79 us at 32 x 4096, 0.57x kvpack bf16; 1 x 32768 unchanged).
+  Doing each product by halves of the head dimension (one nibble at a time, to shorten live ranges)
+  was no faster, nor with V's loads after the scores, and a 168-register cap spilled (9-14 % slower):
+  e49d610, results/attention_s18/probe_halves.log.
+
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
