@@ -1,7 +1,8 @@
 """int4 decode on an H200: "dot" against "frag" (codes dequantized in the MMA fragment layout) and
 "fragt" (both products transposed; session 18's "fragt-halves*" ran e49d610's KVPACK_FRAGT_HALVES), with or
 without the L2 prefetch and either split merge, at #4's Llama-3.1-8B shapes and split counts around
-the plan's. Each output is checked against "dot".
+the plan's. Each output is checked against "dot". `--formats int8,fp8_e4m3 --configs auto,imma,frag,fragt`
+times the 8-bit codes the same way (their "fragt": direct loads, no cp.async ring).
 
     python benchmarks/probe_frag_int4.py [--shapes llama8b-32x4096,...] [--rep-ms 15] [--out probe.json]
 """
@@ -44,7 +45,8 @@ def main() -> int:
                "fragt": ("fragt", "", {}), "fragt-pf0": ("fragt", "", {"prefetch": 0}),
                "fragt-pf2": ("fragt", "", {"prefetch": 2}),
                "fragt-fused": ("fragt", "", {"merge": "fused"}), "fragt-sep": ("fragt", "", {"merge": "separate"}),
-               "frag-fused": ("frag", "", {"merge": "fused"}), "dot-sep": ("dot", "", {"merge": "separate"})}
+               "frag-fused": ("frag", "", {"merge": "fused"}), "dot-sep": ("dot", "", {"merge": "separate"}),
+               "imma": ("imma", "", {})}
     for shape in shapes:
         bf = make_case("bf16", shape, "cuda", gen)
         scale = shape.head_dim ** -0.5

@@ -143,8 +143,10 @@ def variants():
                 plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
                 out.append((f"decode-{'frag-pf' if name == 'int4' else 'ring'}/{name}/D{D}", plan.kernel, plan.args,
                             plan.options))
-                if name == "int4":  # both products transposed ("fragt")
-                    for splits, merge, pf in ((1, "auto", 0), (2, "separate", 1), (2, "fused", 1)):
+                if name in ("int4", "int8", "fp8_e4m3", "fp8_e5m2-static"):  # both products transposed ("fragt")
+                    cases = ((1, "auto", 0), (2, "separate", 1), (2, "fused", 1)) if name == "int4" else \
+                        ((2, "separate", 0),)
+                    for splits, merge, pf in cases:
                         plan = plan_decode(q, lc, meta2, 0.1, num_splits=splits, variant="fragt", prefetch=pf,
                                            merge=merge)
                         assert plan.variant == "fragt", plan.variant

@@ -261,17 +261,39 @@ def test_decode_fragt_int4_gpu(group_size, block_size, splits, merge, prefetch, 
     assert err <= ATOL, f"g{group_size} bs{block_size} splits {splits} {merge} pf{prefetch} {Hq}/{Hkv}: {err:.2e}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
+                                            ("fp8_e5m2", "fp8_e5m2"), ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("Hq,Hkv", [(32, 8), (24, 8), (8, 8)])
+def test_decode_fragt_8bit_gpu(k_name, v_name, block_size, splits, Hq, Hkv):
+    """8-bit codes with both products transposed ("fragt" asked for: int8 K through int8 MMAs, per-token
+    scales on the scores' rows and folded into P^T, static scales) against the reference: odd lengths,
+    random block tables, split-K, GQA groups of 4, 3 and 1."""
+    from kvpack.kernels.decode_attention import plan_decode
+
+    q, lc, meta = build_case(k_name, v_name, [1, 17, 1000, 4099, 257], Hq, Hkv, 128, block_size, device="cuda")
+    assert plan_decode(q, lc, meta, 0.1, num_splits=splits, variant="fragt").variant == "fragt"
+    check(k_name, v_name, [1, 17, 1000, 4099, 257], Hq=Hq, Hkv=Hkv, D=128, block_size=block_size, device="cuda",
+          num_splits=splits, variant="fragt")
+
+
 @pytest.mark.parametrize("k_name,v_name,Hq,want", [("int4", "int4", 32, "fragt"), ("int4", "int4", 64, "fragt"),
                                                    ("int4", "int4", 72, "dot"), ("int8", "int4", 32, "imma"),
-                                                   ("fp8_e4m3", "fp8_e4m3", 32, "frag")])
+                                                   ("fp8_e4m3", "fp8_e4m3", 32, "fragt"), ("int8", "int8", 72, "imma"),
+                                                   ("bfloat16", "bfloat16", 32, "dot")])
 def test_fragt_scope(k_name, v_name, Hq, want, monkeypatch):
-    """"fragt" takes int4 K and V at GQA groups <= 8 (the MMA's n = 8), else what "frag" would run
-    ("frag" for 8-bit codes, the fallback otherwise)."""
+    """"fragt" takes int4 K and V, or 8-bit codes on both sides, at GQA groups <= 8 (the MMA's n = 8),
+    else the fallback; 8-bit codes load directly there (no cp.async ring: PREFETCH 0)."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
     q, lc, meta = build_case(k_name, v_name, [300, 9], Hq, 8, 128, 16)
-    assert da.plan_decode(q, lc, meta, 0.1, variant="fragt").variant == want
+    plan = da.plan_decode(q, lc, meta, 0.1, variant="fragt", prefetch=1)
+    assert plan.variant == want
+    if want == "fragt":
+        assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == (1 if k_name == "int4" else 0)
 
 
 @pytest.mark.gpu
@@ -574,7 +596,8 @@ def test_decode_merge_choice(monkeypatch):
 @pytest.mark.parametrize("k_name,v_name,variant,prefetch", [
     ("bfloat16", "bfloat16", "dot", None), ("int8", "int8", "imma", None), ("int4", "int4", "dot", None),
     ("int8", "int8", "frag", 0), ("int8", "int8", "frag", 1), ("fp8_e4m3", "fp8_e4m3", "frag", 1),
-    ("fp8_e5m2", "int8", "dot", None), ("int4", "int4", "fragt", 1)])
+    ("fp8_e5m2", "int8", "dot", None), ("int4", "int4", "fragt", 1), ("int8", "int8", "fragt", 0),
+    ("fp8_e4m3", "fp8_e4m3", "fragt", 0)])
 @pytest.mark.parametrize("splits", [2, 7, 16, 40])
 def test_decode_fused_merge_gpu(k_name, v_name, variant, prefetch, splits):
     """The fused merge on the GPU, where programs race to the counter: Llama-3.1-8B heads, odd lengths,
@@ -766,7 +789,8 @@ def test_variant_selection(monkeypatch):
     assert choose_variant("int4", "int8") == "dot"
     assert choose_variant("int4", "int4") == "fragt"  # session 18 (results/attention_s18)
     assert choose_variant("int4", "int4", "fragt") == "fragt"
-    assert choose_variant("int8", "int8", "fragt") == "frag"  # fragt is int4's: "frag" elsewhere
+    assert choose_variant("int8", "int8", "fragt") == "fragt"  # 8-bit codes too, when asked for
+    assert choose_variant("int8", "int4", "fragt") == "frag"  # not int4 on one side only
     assert choose_variant("fp8_e4m3", "fp8_e5m2") == "frag?"  # plan_decode decides on the split length
     assert choose_variant("fp8_e4m3", "int8") == "frag?"  # 8-bit codes on both sides
     assert choose_variant("int8", "int8") == "frag?"  # session 7: frag-int8 faster on long splits

@@ -568,6 +568,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 1 if ring_splits or int4 else 0
         elif block_size < 16 and not int4:  # the ring's scale copies need 4-byte alignment
             prefetch = 0
+        if variant == "fragt" and not int4:  # 8-bit codes transposed: direct loads only (no ring yet)
+            prefetch = 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128

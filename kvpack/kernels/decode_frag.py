@@ -63,6 +63,11 @@ data between lanes.
   Doing each product by halves of the head dimension (one nibble at a time, to shorten live ranges)
   was no faster, nor with V's loads after the scores, and a 168-register cap spilled (9-14 % slower):
   e49d610, results/attention_s18/probe_halves.log.
+  8-bit codes on both sides also run "fragt" when asked for (`_fragt_tile8`, session 18, **not yet run on
+  a GPU**): frag's loads and conversions (int8 K through int8 MMAs with q^T's two int8 parts, per-token K
+  scales on the score rows, the per-token V scale folded into P^T), direct loads only (no ring). sm_90
+  SASS against "frag" (both loop phases, 2 splits): int8 3,464 / 3,512 instructions, 206 / 246
+  registers; fp8_e4m3 3,472 / 4,136, 190 / 242; int8-static 3,216 / 2,872, 168 / 240.
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
@@ -686,6 +691,12 @@ def _frag_decode_kernel(
 QT_LOAD = gl.BlockedLayout(size_per_thread=[4, 8], threads_per_warp=[32, 1], warps_per_cta=[1, 1], order=[0, 1])
 T_ROWS = gl.SliceLayout(1, MMA)  # per-token [64] (scores) or per-channel [128] (output) vectors
 T_HEADS = gl.SliceLayout(0, MMA)  # per-head [8] vectors (m_i, l_i)
+# T_ROWS over 64 tokens as [8 groups of 8 tokens, 8]: a lane holds tokens 8 i + lane / 4 (as K_LOAD's i, nl)
+ROWS8 = gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0], [4, 0]],
+                                   lane_bases=[[0, 0], [0, 0], [0, 1], [0, 2], [0, 4]],
+                                   warp_bases=[], block_bases=[], shape=[8, 8])
+ROWS8_G = gl.SliceLayout(1, ROWS8)
+QT8_LOAD = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4], warps_per_cta=[1, 1], order=[1, 0])
 
 
 @gluon.jit
@@ -715,6 +726,97 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
     l_i = l_i * alpha + gl.sum(p, axis=0)
     v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True)
     acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
+    return m_new, l_i, acc
+
+
+@gluon.jit
+def _t_row_vec(ptr, nblk, noff, nmask, h, ss0, ss1, ss2, MASKED: gl.constexpr):
+    """A tile's per-token values (scales) [64] in the transposed scores' row layout, float32; nblk, noff
+    [8 groups, 8] in ROWS8."""
+    sr = gl.convert_layout(gl.reshape(nblk * ss0 + h * ss1 + noff * ss2, [64]), T_ROWS, assert_trivial=True)
+    return _ld(ptr + sr, nmask, MASKED).to(gl.float32)
+
+
+@gluon.jit
+def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+                 kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                 vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                 BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
+                 V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
+                 IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr):
+    """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
+    q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
+    axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
+    O^T [128, 8] += V^T @ P^T."""
+    g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
+    blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
+    if IDX64:
+        blk = blk.to(gl.int64)
+    goff = g0 & (BLOCK_SIZE - 1)
+    knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
+    kmask = g0[:, None, None, None] + knl < end
+    krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
+    kt = gl.arange(0, 4, layout=K_T)
+    kb = gl.arange(0, 32, layout=K_B)
+    kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
+    vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
+        + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
+    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
+        + vw < end
+    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
+    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
+    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
+    vnl = gl.arange(0, 8, layout=V_NL)
+    vm = gl.arange(0, 16, layout=V_M)
+    vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
+             vmask, MASKED)
+    # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
+    nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
+    ng = gl.convert_layout(g0, ROWS8_G, assert_trivial=True)[:, None]
+    nblk = gl.convert_layout(blk, ROWS8_G, assert_trivial=True)[:, None]
+    noff = gl.convert_layout(goff, ROWS8_G, assert_trivial=True)[:, None] + nw
+    nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), T_ROWS, assert_trivial=True)
+    # ---- scores S^T [64, 8] ----
+    if QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (the module doc)
+        k = gl.permute(gl.reshape(kc, [8, 8, 4, 4, 2, 4]), [0, 1, 3, 4, 2, 5])  # i nl j h t e
+        k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP8, assert_trivial=True)
+        si = mma_v2(k, q, gl.full([64, 8], 0, gl.int32, layout=MMA)) * 254
+        s = mma_v2(k, q_lo, si).to(gl.float32)
+    else:
+        k = gl.permute(gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2]), [0, 1, 3, 4, 2, 5])  # i nl j h t e
+        k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP, assert_trivial=True)
+        s = mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
+    if not K_STATIC:
+        ks = _t_row_vec(ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED)
+        if QK8:  # the softmax scale is in q_s
+            s = s * ks[:, None]
+        else:
+            s = s * (ks * qk_scale)[:, None]
+    elif not QK8:
+        s = s * qk_scale
+    if MASKED:
+        s = gl.where(nmask[:, None], s, -float("inf"))
+    # ---- online softmax (base 2) down the tokens ----
+    if QK8:
+        m_new = gl.maximum(m_i, gl.max(s, axis=0) * q_s)
+        p = gl.exp2(s * q_s[None, :] - m_new[None, :])
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        p = gl.exp2(s - m_new[None, :])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=0)
+    # ---- O^T [128, 8] += V^T @ P^T (row 8 m + nl: output channel 16 nl + m) ----
+    v = gl.reshape(gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1]), [64, 128])  # token, m, nl
+    v = gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
+    if not V_STATIC:  # the per-token V scale folds into p, normalised by the tile's largest (as in "frag")
+        vsc = _t_row_vec(vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED)
+        vmax = gl.max(vsc, axis=0)
+        vmax = gl.where(vmax > 0, vmax, 1.0)
+        p = p * (vsc * (1.0 / vmax))[:, None]
+        pv = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), gl.full([128, 8], 0.0, gl.float32, layout=MMA))
+        acc = acc * alpha[None, :] + pv * (vmax * V_FACTOR)
+    else:
+        acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
     return m_new, l_i, acc
 
 
@@ -749,32 +851,69 @@ def _fragt_decode_kernel(
     start = split * tokens_per_split
     end = gl.minimum(seq_len, start + tokens_per_split)
 
-    # q^T [128, 8] (times the softmax scale) as the B operand, channels in the int4 K order (module doc)
-    kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
-    g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
-    phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
-    q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
-    qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
-    qf = (qf * (qk_scale * K_FACTOR)).to(gl.float16)
+    KI4: gl.constexpr = K_FMT == K_FMT_INT4
+    KI8: gl.constexpr = K_FMT == K_FMT_INT8
+    if K_STATIC:
+        qk_scale = qk_scale * gl.load(kst_ptr + h)
+    qk_scale = qk_scale * K_FACTOR
+    if KI4:  # q^T [128, 8] (times the softmax scale) as the B operand, channels in the int4 K order (module doc)
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
+        phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
+        qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+        q = gl.convert_layout((qf * qk_scale).to(gl.float16), B_OP)
+        q_lo = q
+        q_s = gl.full([8], 1.0, gl.float32, layout=T_HEADS)
+    elif KI8:  # q [8, 128] split in two int8 parts per head (as "frag"), then q^T as the int8 B operand
+        g = gl.arange(0, 8, layout=gl.SliceLayout(1, QT8_LOAD))
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
+        phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
+        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
+        qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
+        qhi, qlo, step = split_q_int8(qf)
+        q = gl.convert_layout(gl.permute(qhi, [1, 0]), B_OP8)
+        q_lo = gl.convert_layout(gl.permute(qlo, [1, 0]), B_OP8)
+        q_s = gl.convert_layout(step, T_HEADS) * qk_scale
+    else:  # q^T [128, 8] fp16, channels in the 8-bit K order (module doc)
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
+        phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
+        qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+        q = gl.convert_layout(qf.to(gl.float16), B_OP)
+        q_lo = q
+        q_s = gl.full([8], 1.0, gl.float32, layout=T_HEADS)
 
     m_i = gl.full([8], -float("inf"), gl.float32, layout=T_HEADS)
     l_i = gl.full([8], 0.0, gl.float32, layout=T_HEADS)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    q = gl.convert_layout(qf, B_OP)
     acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
     for phase in gl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
         for n0 in range(lo, hi, 64):
-            m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
-                                        kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                                        vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                        BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH)
+            if KI4:
+                m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
+                                            kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                            vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH)
+            else:
+                m_i, l_i, acc = _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+                                             kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                                             vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                                             BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
+                                             phase == 1, KI8)
+    if V_STATIC:
+        acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 
-    # row 8 m + nl of acc is output channel 64 (m // 8) + 8 nl + m % 8 (the int4 V order of the module doc)
+    # row 8 m + nl of acc is output channel 16 nl + m (int4: 64 (m // 8) + 8 nl + m % 8; the module doc)
     c = gl.arange(0, 128, layout=T_ROWS)
-    c_out = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
+    if KI4:
+        c_out = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
+    else:
+        c_out = (c & 7) * 16 + (c >> 3)
     rg = gl.arange(0, 8, layout=T_HEADS)
     heads = h * GROUP + rg
     cm = (c_out < 128)[:, None] & (rg < GROUP)[None, :]

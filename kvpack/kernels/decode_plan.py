@@ -171,8 +171,9 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     The others: "dot" (tensor cores, fp16 operands), "imma" ("dot" with the scores from an
     int8 MMA: int8 K only, else "dot"), "frag" (codes loaded in the MMA fragment layout,
     `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback), "fragt"
-    ("frag" for int4 K and V with both products transposed: the query heads are the MMA's n = 8; GQA
-    groups <= 8; asked for on other formats it means "frag").
+    (`decode_frag` with both products transposed: the query heads are the MMA's n = 8; GQA groups <= 8;
+    int4 K and V, or 8-bit codes on both sides (asked for only: not yet run on a GPU); asked for on int4
+    beside an 8-bit side it means "frag").
     `plan_decode` also falls back outside frag's head-dim / group / block scope; the fallback is
     "imma" for int8 K, else "dot" (`fallback_variant`). int4 on one side only takes "frag" only when
     asked for (session 16: no faster than "dot", results/attention_s16).
@@ -187,9 +188,9 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
         if k_kind == v_kind == "int4":
             return "fragt"  # session 18: 0.84-0.99x the time of "dot" (`plan_decode` falls back outside its scope)
         return "frag?" if frag_ok else fallback_variant(k_kind)
+    if name == "fragt" and not (k_kind == v_kind == "int4" or frag_ok):
+        name = "frag"  # the transposed products take int4 K and V, or 8-bit codes on both sides
     frag_ok = k_kind in (*FRAG_KINDS, "int4") and v_kind in (*FRAG_KINDS, "int4")  # int4: when asked for
-    if name == "fragt" and not k_kind == v_kind == "int4":
-        name = "frag"  # the transposed products take int4 K and V only
     if name == "imma" or (name == "frag" and not frag_ok):
         return fallback_variant(k_kind)
     return name
