@@ -46,7 +46,7 @@ def main() -> int:
                "fragt-pf2": ("fragt", "", {"prefetch": 2}),
                "fragt-fused": ("fragt", "", {"merge": "fused"}), "fragt-sep": ("fragt", "", {"merge": "separate"}),
                "frag-fused": ("frag", "", {"merge": "fused"}), "dot-sep": ("dot", "", {"merge": "separate"}),
-               "imma": ("imma", "", {})}
+               "imma": ("imma", "", {}), "fragt-r168": ("fragt", "", {"maxnreg": 168})}
     for shape in shapes:
         bf = make_case("bf16", shape, "cuda", gen)
         scale = shape.head_dim ** -0.5
