@@ -13,7 +13,7 @@ Writes JSON, a markdown table and a PNG plot to --out, with GPU, driver, torch, 
 the command line. `--check` compares every kernel with the PyTorch reference first. `--tune`
 sweeps the decode variants (auto / dot / imma / frag) and their tile/warp/stage/split choices for
 the quantized formats (TUNE_CONFIGS), printing every measurement and a summary table (tune.json,
-tune.md). KVPACK_DECODE_VARIANT=dot (or imma, frag) runs the whole benchmark on that variant.
+tune.md). KVPACK_DECODE_VARIANT=dot (or imma, frag, fragt) runs the whole benchmark on that variant.
 """
 
 from __future__ import annotations
@@ -309,6 +309,12 @@ TUNE_CONFIGS = [
     # `_merge_kernel` as a second launch, every variant at its own plan (run with --tune-splits 0)
     ("auto-separate", "auto", {"merge": "separate"}),
     ("auto-fused", "auto", {"merge": "fused"}),
+    # session 18: both products transposed ("fragt", the query heads as the MMA's n = 8): "auto" for int4
+    # (0.84-0.99x dot); 8-bit codes asked for only, not yet timed (sm_90: 168-206 registers against frag's
+    # 240-246; int8-static spill-free at 168)
+    ("fragt", "fragt", {}),
+    ("fragt-r168", "fragt", {"maxnreg": 168}),
+    ("fragt-fused", "fragt", {"merge": "fused"}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]

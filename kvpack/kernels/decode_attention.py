@@ -13,12 +13,13 @@ epilogue or, with splits, in the merge (`kernels.rotate._hadamard`, the storage 
 Gluon "frag" kernel and int4 at head dims 80 / 96 (halves that straddle Hadamard blocks) leave them to
 `kernels.rotate.rotate_heads` (one launch each) where the merge does not run.
 
-Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|frag,
-else "auto": "frag" for 8-bit K and V (int8 or FP8) with long splits, else "imma" for int8 K, else "dot"): "dot"
-(`_decode_kernel`, tensor cores, described here), "imma" (the same kernel with int8 K codes fed to
-an int8 MMA: q split into two int8 parts, `split_q_int8`) and "frag" (`decode_frag`, Gluon: 8-bit codes
-loaded straight into the MMA fragment layout; where its grid holds <= 4 programs per SM, whole
-tiles copied a tile ahead through a cp.async ring in shared memory, `decode_plan.choose_ring_splits`).
+Variants of the main kernel (`choose_variant`: argument, env KVPACK_DECODE_VARIANT=auto|dot|imma|frag|fragt,
+else "auto": "fragt" for int4 K and V, "frag" for 8-bit K and V (int8 or FP8) with long splits, else "imma"
+for int8 K, else "dot"): "dot" (`_decode_kernel`, tensor cores, described here), "imma" (the same kernel
+with int8 K codes fed to an int8 MMA: q split into two int8 parts, `split_q_int8`), "frag" (`decode_frag`,
+Gluon: codes loaded straight into the MMA fragment layout; where its grid holds <= 4 programs per SM, 8-bit
+tiles copied a tile ahead through a cp.async ring in shared memory, `decode_plan.choose_ring_splits`) and
+"fragt" (`decode_frag` with both products transposed, the query heads as the MMA's n = 8).
 All write the same partials for `_merge_kernel` (or merge them in their epilogue).
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
 public launcher `decode_paged_attention` are here. (Sessions 3-5 also had "fma", CUDA-core dot
@@ -624,7 +625,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
-
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
     kernel = {"frag": _frag_decode_kernel, "fragt": _fragt_decode_kernel}.get(variant, _decode_kernel)
     args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
@@ -671,7 +671,7 @@ def decode_paged_attention(
     metadata: `AttentionMetadata` (query_start_loc [B+1], seq_lens [B], block_tables [B, M] int32).
     Returns [T, Hq, D] in q's dtype. num_splits / block_n / num_warps / num_stages override the
     heuristics (tests and tuning); fast_cvt=False decodes codes with plain Triton conversions
-    instead of the PTX byte permutes (for measuring). variant: "auto" | "dot" | "imma" | "frag"
+    instead of the PTX byte permutes (for measuring). variant: "auto" | "dot" | "imma" | "frag" | "fragt"
     (see `choose_variant`; default: KVPACK_DECODE_VARIANT, else "auto"). maxnreg caps ptxas'
     registers per thread (tuning). index64:
     force int64 (True) or int32 (False) offsets in the "dot" kernel (default: int64 only for pools
