@@ -362,6 +362,42 @@ def _frag_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, slot,
 
 
 @gluon.jit
+def _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr,
+             MASKED: gl.constexpr):
+    """A 64-token tile's 8-bit K codes in K_LOAD (a lane's 32 bytes of each of its tokens), and the tile's
+    (first token, block, offset) of each 8-token group [8]."""
+    g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
+    blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
+    if IDX64:
+        blk = blk.to(gl.int64)
+    goff = g0 & (BLOCK_SIZE - 1)
+    knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
+    kmask = g0[:, None, None, None] + knl < end
+    krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
+    kt = gl.arange(0, 4, layout=K_T)
+    kb = gl.arange(0, 32, layout=K_B)
+    kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
+    return g0, blk, goff, kc
+
+
+@gluon.jit
+def _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED: gl.constexpr):
+    """The tile's 8-bit V codes in V_LOAD (a lane's 16 bytes of each of its tokens); g0, blk, goff as
+    `_k8_load` returns them."""
+    vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
+        + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
+    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
+        + vw < end
+    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
+    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
+    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
+    vnl = gl.arange(0, 8, layout=V_NL)
+    vm = gl.arange(0, 16, layout=V_M)
+    return _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
+               vmask, MASKED)
+
+
+@gluon.jit
 def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -384,17 +420,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K_RING), [8, 8, 4, 32]), K_LOAD,
                                assert_trivial=True)
     else:
-        g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
-        blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
-        if IDX64:
-            blk = blk.to(gl.int64)
-        goff = g0 & (BLOCK_SIZE - 1)
-        knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
-        kmask = g0[:, None, None, None] + knl < end
-        krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
-        kt = gl.arange(0, 4, layout=K_T)
-        kb = gl.arange(0, 32, layout=K_B)
-        kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
+        g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED)
     if VI4:  # V's loads issued with K's (else compiled after q @ K^T's MMAs: 1-5 % slower, session 16)
         v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                       V_G, MASKED)
@@ -452,17 +478,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V_RING), [4, 2, 4, 2, 8, 16]), V_LOAD,
                                assert_trivial=True)
     else:
-        vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
-            + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
-        vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
-            + vw < end
-        vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
-        voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
-        vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
-        vnl = gl.arange(0, 8, layout=V_NL)
-        vm = gl.arange(0, 16, layout=V_M)
-        vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
-                 vmask, MASKED)
+        vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
     if not VI4:
         v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
         v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
@@ -748,28 +764,8 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
     O^T [128, 8] += V^T @ P^T."""
-    g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
-    blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
-    if IDX64:
-        blk = blk.to(gl.int64)
-    goff = g0 & (BLOCK_SIZE - 1)
-    knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
-    kmask = g0[:, None, None, None] + knl < end
-    krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
-    kt = gl.arange(0, 4, layout=K_T)
-    kb = gl.arange(0, 32, layout=K_B)
-    kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
-    vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
-        + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
-    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
-        + vw < end
-    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
-    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
-    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
-    vnl = gl.arange(0, 8, layout=V_NL)
-    vm = gl.arange(0, 16, layout=V_M)
-    vc = _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
-             vmask, MASKED)
+    g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED)
+    vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
     ng = gl.convert_layout(g0, ROWS8_G, assert_trivial=True)[:, None]
