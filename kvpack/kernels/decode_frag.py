@@ -58,11 +58,11 @@ data between lanes.
   memory. Per 64-token tile: 64 m16n8k16 MMAs instead of 128, a quarter of the padded softmax work,
   an output accumulator of 32 registers a lane instead of 64 (sm_90 SASS of the whole kernel, both
   phases: 4,424 instructions against 4,976; still ~250 registers; with the fused merge its epilogue
-  spills 52 / 57 words once per program, and still measured faster than the separate merge at 2-4 splits). H200 (results/attention_s18):
-  0.84-0.99x the time of "dot" (int4 79 us at 32 x 4096, 0.57x kvpack bf16; 1 x 32768 unchanged).
-  Doing each product by halves of the head dimension (one nibble at a time, to shorten live ranges)
-  was no faster, nor with V's loads after the scores, and a 168-register cap spilled (9-14 % slower):
-  e49d610, results/attention_s18/probe_halves.log.
+  spills 52 / 57 words once per program, and still measured faster than the separate merge at 2-4
+  splits). H200 (results/attention_s18): 0.84-0.99x the time of "dot" (int4 79 us at 32 x 4096, 0.57x
+  kvpack bf16; 1 x 32768 unchanged). Doing each product by halves of the head dimension (one nibble at
+  a time, to shorten live ranges) was no faster, nor with V's loads after the scores (3-6 % slower),
+  and a 168-register cap spilled (11-18 % slower): e49d610, results/attention_s18/probe_halves.log.
   8-bit codes on both sides also run "fragt" when asked for (`_fragt_tile8`, session 18, **not yet run on
   a GPU**): frag's loads and conversions (int8 K through int8 MMAs with q^T's two int8 parts, per-token K
   scales on the score rows, the per-token V scale folded into P^T), direct loads only (no ring). sm_90
