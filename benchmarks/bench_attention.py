@@ -446,14 +446,19 @@ def markdown(results: dict) -> str:
     env = results["env"]
     fmts = list(dict.fromkeys(r["format"] for r in results["decode"]))
     by = {(r["shape"], r["format"]): r for r in results["decode"]}
+    layers = next((r["layers"] for r in results["decode"] if "layers" in r), "-")
     lines = [f"# Decode paged attention, {env['gpu']}", "",
              f"driver {env['driver']}, torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
              f"commit `{env['commit'][:12]}`, {env['time']}", "", f"`{env['command']}`", "",
              "Median us per decode step (CUDA graph replay, L2 flushed), TB/s of KV bytes read "
              "(codes + scales), time relative to kvpack bf16 and to the best torch SDPA backend "
-             "(bf16, contiguous). vLLM: their Triton kernel's us from the issue.", "",
-             "| shape | format | us | TB/s | vs bf16 | vs SDPA | SDPA cudnn / flash us | vLLM us | check |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+             "(bf16, contiguous). vLLM: their Triton kernel's us from the issue. Per layer: a graph of "
+             f"{layers} decode calls, each on its own cache of the same shape and format (an engine step's "
+             "layers; the replay's fixed cost, ~10 us on an H200, shared by them), its time / "
+             f"{layers}.", "",
+             "| shape | format | us | TB/s | vs bf16 | vs SDPA | SDPA cudnn / flash us | vLLM us | us / layer | "
+             "TB/s | vs bf16 | check |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for shape in dict.fromkeys(r["shape"] for r in results["decode"]):
         sd = results["sdpa"].get(shape, {})
         sd_us = [v["us"] for v in sd.values() if v.get("us")]
@@ -467,8 +472,12 @@ def markdown(results: dict) -> str:
             vs_sd = f"{r['us'] / min(sd_us):.2f}" if sd_us else "-"
             vl = results["vllm_us"].get(f.split("-")[0] if f != "int8-static" else "-", {}).get(shape)
             chk = f"{r['check_err']:.1e}" if "check_err" in r else "-"
+            lay = "- | - | -"
+            if "us_layer" in r:
+                vs_l = f"{r['us_layer'] / bf['us_layer']:.2f}" if bf and "us_layer" in bf else "-"
+                lay = f"{r['us_layer']:.1f} | {r['TBps_layer']:.2f} | {vs_l}"
             lines.append(f"| {shape} | {f} | {r['us']:.1f} | {r['TBps']:.2f} | {vs_bf} | {vs_sd} | "
-                         f"{sd_txt if f == fmts[0] else ''} | {vl or '-'} | {chk} |")
+                         f"{sd_txt if f == fmts[0] else ''} | {vl or '-'} | {lay} | {chk} |")
     lines += ["", "## Cache write (Triton, bf16 input K and V, random slots)", "",
               "torch copy: a device-to-device copy of the same input (read and written once), the ceiling "
               "of a cache write that stores as many bytes as it reads (bf16).", "",
@@ -532,6 +541,9 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--rep-ms", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=8,
+                    help="also time a graph of this many decode calls, each on its own cache (an engine step's "
+                         "layers): us per layer without the per-graph overhead (1: off)")
     ap.add_argument("--out", default="results/attention")
     ap.add_argument("--write-tokens", default="64,2048,16384,65536",
                     help="cache write: tokens per launch (comma-separated; a torch copy of the same bytes each)")
@@ -582,8 +594,20 @@ def main(argv=None) -> int:
                 row["check_err"] = check_case(lc, meta, q, scale)
             row["us"] = time_graph(lambda: decode_paged_attention(q, lc, meta, scale), rep)
             row["TBps"] = row["kv_bytes"] / row["us"] / 1e6
+            if args.layers > 1:  # as in an engine's decode step: one graph, a call per layer on its own cache
+                cases = [(lc, meta, q)] + [make_case(fmt_name, shape, device, gen) for _ in range(args.layers - 1)]
+
+                def step():
+                    for c in cases:
+                        decode_paged_attention(c[2], c[0], c[1], scale)
+
+                row["layers"] = args.layers
+                row["us_layer"] = time_graph(step, rep) / args.layers
+                row["TBps_layer"] = row["kv_bytes"] / row["us_layer"] / 1e6
+                del cases, step
             results["decode"].append(row)
             print(f"{shape.name:18s} {fmt_name:12s} {row['us']:8.1f} us {row['TBps']:5.2f} TB/s"
+                  + (f" | {row['us_layer']:8.1f} us/layer {row['TBps_layer']:5.2f} TB/s" if "us_layer" in row else "")
                   + (f"  check {row['check_err']:.1e}" if "check_err" in row else ""), flush=True)
             del lc, meta, q
             torch.cuda.empty_cache()
