@@ -63,11 +63,14 @@ data between lanes.
   kvpack bf16; 1 x 32768 unchanged). Doing each product by halves of the head dimension (one nibble at
   a time, to shorten live ranges) was no faster, nor with V's loads after the scores (3-6 % slower),
   and a 168-register cap spilled (11-18 % slower): e49d610, results/attention_s18/probe_halves.log.
-  8-bit codes on both sides also run "fragt" when asked for (`_fragt_tile8`, session 18, **not yet run on
-  a GPU**): frag's loads and conversions (int8 K through int8 MMAs with q^T's two int8 parts, per-token K
-  scales on the score rows, the per-token V scale folded into P^T), direct loads only (no ring). sm_90
-  SASS against "frag" (both loop phases, 2 splits): int8 3,464 / 3,512 instructions, 206 / 246
-  registers; fp8_e4m3 3,472 / 4,136, 190 / 242; int8-static 3,216 / 2,872, 168 / 240.
+  8-bit codes on both sides also run "fragt" when asked for (`_fragt_tile8`, session 18): frag's loads and
+  conversions (int8 K through int8 MMAs with q^T's two int8 parts, per-token K scales on the score rows,
+  the per-token V scale folded into P^T), direct loads only (no ring). sm_90 SASS against "frag" (both
+  loop phases, 2 splits): int8 3,464 / 3,512 instructions, 206 / 246 registers; fp8_e4m3 3,472 / 4,136,
+  190 / 242; int8-static 3,216 / 2,872, 168 / 240. H200 (session 19, results/attention_s19/probe_fragt8.log,
+  each at its plan's splits): no faster than "auto" (frag / imma): int8 0.99-1.11x its time, int8-static
+  0.99-1.04x, fp8_e4m3 0.98-1.09x, and with a 168-register cap 0.99-1.15x; so "auto" does not take it. Fewer
+  registers did not buy time: both kernels wait on their loads, not on issue slots.
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
