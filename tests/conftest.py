@@ -20,11 +20,15 @@ try:
 except ImportError:
     collect_ignore = _SERVER_TESTS
 
-# Two CPU cores: keep intra-op threads bounded.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two CPU cores: keep intra-op threads bounded; under pytest-xdist (`make test`) the workers share the cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 def pytest_collection_modifyitems(config, items):
+    # the ahead-of-time compiles (minutes, in subprocesses on every core) first: under pytest-xdist
+    # --dist loadfile (`make test`) their file then starts at once and overlaps the other workers' files
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/test_kernels_aot.py"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -512,6 +512,63 @@ def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
     assert err <= tol, (k_name, v_name, D, splits, err)
 
 
+@pytest.mark.parametrize("variant,k_name,v_name", [("frag", "fp8_e4m3", "fp8_e4m3"), ("frag", "int4", "int4"),
+                                                    ("fragt", "int4", "int4"), ("fragt", "fp8_e5m2", "int8"),
+                                                    ("frag", "int8", "fp8_e4m3")])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("gluon_rot", [True, False])
+def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, monkeypatch):
+    """"fragt" rotates q as it loads it and, with one split, forms out @ R + V mean in its epilogue
+    (`decode_frag._q_rot`, `_store_out_rot`; session 19): no `rotate_heads` around it, the output in q's
+    dtype. "frag" rotates q itself only with split-K (its one-split epilogue measured slower). KVPACK_GLUON_ROT_Q=0
+    (`GLUON_ROT_Q`) puts both back in `rotate_heads`."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
+    monkeypatch.setattr(da, "GLUON_ROT_Q", gluon_rot)
+    q, lc, meta = build_case(k_name, v_name, [300, 9], 32, 8, 128, 16)
+    lc = dataclasses.replace(lc, v_mean=torch.zeros(8, 128))
+    plan = da.plan_decode(q, lc, meta, 0.1, num_splits=splits, variant=variant, merge="separate")
+    assert plan.variant == variant
+    arg = lambda name: plan.args[plan.kernel.arg_names.index(name)]  # noqa: E731
+    in_kernel = gluon_rot and (variant == "fragt" or splits > 1)  # "frag": split-K only (measured)
+    assert arg("ROT_Q") == (in_kernel and lc.k.fmt.rotate)
+    assert plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
+    in_epilogue = in_kernel and splits == 1
+    assert (arg("ROT_OUT"), arg("OUT_MEAN")) == ((lc.v.fmt.rotate, True) if in_epilogue else (False, False))
+    assert (plan.post is None) == (in_epilogue or splits > 1)  # else out @ R + mean by `rotate_heads`
+    assert plan.out.dtype == (q.dtype if plan.post is None else torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,k_name,v_name", [("frag", "fp8_e4m3", "fp8_e4m3"), ("frag", "int4", "int4"),
+                                                    ("fragt", "int4", "int4"), ("fragt", "fp8_e5m2", "fp8_e4m3"),
+                                                    ("frag", "int8", "fp8_e5m2"), ("frag", "fp8_e5m2-static", "int8")])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("means", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, monkeypatch):
+    """q @ R in the Gluon kernels' prologue and out @ R + V mean in "fragt"'s one-split epilogue (session 19)
+    against the reference, and against the same kernels with both rotations by `rotate_heads`
+    (GLUON_ROT_Q off): both within the reference tolerance (bf16: test_decode_bf16's)."""
+    import kvpack.kernels.decode_attention as da
+
+    lens = [1, 17, 64, 1000, 257]
+    q, lc, meta = merge_case(k_name, v_name, 128, lens, 32, 8, dtype, means, device="cuda")
+    scale = 128 ** -0.5
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    tol = 1e-2 if dtype == torch.bfloat16 else ATOL
+    for on in (True, False):
+        monkeypatch.setattr(da, "GLUON_ROT_Q", on)
+        plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant)
+        in_kernel = on and (variant == "fragt" or splits > 1)
+        assert plan.variant == variant and plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
+        out = da.decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant=variant)
+        assert out.dtype == dtype
+        err = ((out.float() - ref).abs() - tol * ref.abs()).max().item()
+        assert err <= tol, (variant, k_name, v_name, splits, means, dtype, on, err)
+
+
 def merge_case(k_name, v_name, D, lens, Hq, Hkv, dtype, means, device="cpu"):
     q, lc, meta = build_case(k_name, v_name, lens, Hq, Hkv, D, 16, dtype=dtype, device=device)
     if means:

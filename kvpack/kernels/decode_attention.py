@@ -35,6 +35,8 @@ are float32.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -57,6 +59,9 @@ except ImportError:  # pragma: no cover - an older Triton: "frag" falls back to 
     _frag_decode_kernel = _fragt_decode_kernel = None
 
 _LOG2E = 1.4426950408889634
+# the Gluon kernels ("frag", "fragt") rotate q themselves (session 19); KVPACK_GLUON_ROT_Q=0 puts it back in
+# `rotate_heads` before the launch (for measuring), read once at import
+GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -589,10 +594,16 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # in its epilogue) or the merge; `rotate_heads` before / after the launch where they cannot: the
     # Gluon kernel, int4 halves at a head dim that is not a power of two (Hadamard blocks straddle them)
     d_pad = next_pow2(D)
+    hb = hadamard_block_size(D)
     def in_kernel_ok(kind: str) -> bool:  # `_decode_kernel` rotates this side's rows itself
         return variant not in ("frag", "fragt") and (D == d_pad or kind != "int4")
 
-    rot_q = kp.fmt.rotate and in_kernel_ok(kp.fmt.kind)
+    # the Gluon kernels rotate q as they load it (one 128-wide block: `decode_frag._q_rot`) and, with one
+    # split, form out @ R + V mean in their epilogue (`decode_frag._store_out_rot`), since session 19: "fragt"
+    # always (H200, int4: 0.5-5 % faster at every shape of bench_attention), "frag" only with split-K (FP8: 4-6 %
+    # faster at 8 x 8192 and 32 x 4096; with one split, 3-7 % slower at 64 x 2048 and 128 x 1024)
+    gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and num_splits > 1)
+    rot_q = kp.fmt.rotate and (in_kernel_ok(kp.fmt.kind) or gluon_rot)
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     v_mean = None if post is None or post[1] is None else \
         post[1].to(device=dev, dtype=torch.float32).contiguous()
@@ -601,7 +612,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     cnt = merge_counters(dev, B * Hkv) if fused else None
     fused = cnt is not None
     in_merge = post is not None and num_splits > 1
-    in_kernel = post is not None and (num_splits == 1 and in_kernel_ok(vp.fmt.kind) or fused)
+    in_kernel = post is not None and (num_splits == 1 and (in_kernel_ok(vp.fmt.kind) or gluon_rot) or fused)
     rot_args = [False, False]  # (out @ R, + V mean) in the kernel's epilogue or the merge
     if in_merge or in_kernel:
         assert v_mean is None or v_mean.shape == (Hkv, D), (v_mean.shape, Hkv, D)
@@ -613,7 +624,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     out_dtype = torch.float32 if post is not None else q.dtype
     alloc = torch.empty if T == B else torch.zeros
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
-    hb = hadamard_block_size(D)
     k_t, k_c = _side_args(kp)
     v_t, v_c = _side_args(vp)
     if num_splits > 1:
@@ -636,8 +646,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
              variant == "imma"]
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
-    args += [v_mean, hb, hadamard_norm(hb), *([rot_q] if kernel is _decode_kernel else []),  # frag: no q rotation
-             *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
+    args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
     merge_grid = merge_args = None
     if num_splits > 1 and not fused:
         merge_grid = (B, Hq)

@@ -72,6 +72,15 @@ data between lanes.
   0.99-1.04x, fp8_e4m3 0.98-1.09x, and with a 168-register cap 0.99-1.15x; so "auto" does not take it. Fewer
   registers did not buy time: both kernels wait on their loads, not on issue slots.
 
+- Rotated formats (session 19): q @ R is formed in the kernel as q loads (`_q_rot`: q is loaded in the
+  kernel's bit-permuted channel order, and a 128-point Sylvester Hadamard is unchanged by a permutation of
+  index bits, so the butterflies over the permuted index give the permuted q @ R), by "fragt" always and by
+  "frag" with split-K; "fragt" with one split also forms out @ R + V mean in its epilogue
+  (`_store_out_rot`). That saves `rotate_heads`' launches (1.9-4.8 us a call on the H200). Measured per
+  layer (bench_attention, results/attention_s19/rot): int4 "fragt" 0.5-5 % faster at every shape, FP8 "frag"
+  4-6 % faster at 8 x 8192 and 32 x 4096 (split-K) and 3-7 % slower at 64 x 2048 and 128 x 1024 (one split,
+  both rotations in the kernel), so "frag" leaves one-split rotations to `rotate_heads`.
+
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
@@ -521,6 +530,47 @@ def _gl_hadamard(x, ROWS: gl.constexpr, HB: gl.constexpr, NORM: gl.constexpr):
 
 
 @gluon.jit
+def _q_rot(qf, ROWS: gl.constexpr, ROT: gl.constexpr, HB: gl.constexpr, NORM: gl.constexpr):
+    """q rows [ROWS, 128] float32 (a blocked layout), loaded in a kernel's bit-permuted channel order:
+    with ROT, q @ R in that same order, in the same layout. For head_dim 128 with one 128-wide Hadamard
+    block (HB == 128, the launcher's rule): R[i, j] = (-1)^popcount(i & j) / sqrt(128) does not change when
+    the same permutation of index bits acts on i and j, so the butterflies over the permuted index give
+    the permuted q @ R (the sums in another order: not the bits of `rotate_heads`)."""
+    if ROT:
+        qf = gl.convert_layout(_gl_hadamard(qf, ROWS, HB, NORM), qf.type.layout)
+    return qf
+
+
+@gluon.jit
+def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.constexpr, GROUP: gl.constexpr,
+                   VI4: gl.constexpr, ROT_HB: gl.constexpr, ROT_NORM: gl.constexpr, ROT_OUT: gl.constexpr,
+                   OUT_MEAN: gl.constexpr):
+    """One split's normalized output o [ROWS heads, 128] float32 (any layout; channel c in the kernel's V
+    order: output channel c_out(c), a permutation of c's bits) stored as `_frag_merge_last` stores: out @ R
+    (ROT_OUT; the butterflies over the permuted index give the permuted out @ R, as in `_q_rot`), + V mean
+    (OUT_MEAN), bf16 rounded to nearest even."""
+    OL: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[1, 32], warps_per_cta=[1, 1],
+                                        order=[1, 0])
+    o = gl.convert_layout(o, OL)
+    if ROT_OUT:
+        o = gl.convert_layout(_gl_hadamard(o, ROWS, ROT_HB, ROT_NORM), OL)
+    go = gl.arange(0, ROWS, layout=gl.SliceLayout(1, OL))
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, OL))
+    if VI4:
+        d = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
+    else:
+        d = (c & 7) * 16 + (c >> 3)
+    if OUT_MEAN:
+        o = o + gl.load(vmean_ptr + h * 128 + d)[None, :]
+    om = ((go < GROUP) & has_q)[:, None] & (d < 128)[None, :]
+    o_ptr = out_ptr + q_row.to(gl.int64) * so_t + (h * GROUP + go)[:, None] * so_h + d[None, :]
+    if out_ptr.dtype.element_ty == gl.bfloat16:
+        gl.store(o_ptr, o.to(gl.bfloat16, fp_downcast_rounding="rtne"), mask=om)
+    else:
+        gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=om)
+
+
+@gluon.jit
 def _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                      GROUP: gl.constexpr, MG: gl.constexpr, CH: gl.constexpr, ROT_HB: gl.constexpr,
                      ROT_NORM: gl.constexpr, ROT_OUT: gl.constexpr, OUT_MEAN: gl.constexpr):
@@ -587,7 +637,7 @@ def _frag_decode_kernel(
     V_FACTOR: gl.constexpr, V_DT: gl.constexpr, INTERPRET: gl.constexpr, FAST: gl.constexpr,
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
-    ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
+    ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
@@ -615,6 +665,7 @@ def _frag_decode_kernel(
         phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
         q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
         qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
+        qf = _q_rot(qf, 16, ROT_Q, ROT_HB, ROT_NORM)
         hi, lo, step = split_q_int8(qf)
         q = gl.convert_layout(hi, A_OP8)
         q_lo = gl.convert_layout(lo, A_OP8)
@@ -628,7 +679,18 @@ def _frag_decode_kernel(
         else:
             phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
         q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
-        q = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32).to(gl.float16)
+        if ROT_Q:  # rotated in a blocked layout, then to the A operand (once per program)
+            gb = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_LOAD))
+            kb = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
+            if K_FMT == K_FMT_INT4:
+                pb = (kb >> 6) * 64 + ((kb >> 1) & 3) * 16 + ((kb >> 4) & 3) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
+            else:
+                pb = ((kb >> 1) & 3) * 32 + (kb >> 4) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
+            qb = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + gb)[:, None] * sq_h
+            qf = gl.load(qb + pb[None, :], mask=(gb < GROUP)[:, None], other=0.0).to(gl.float32)
+            q = gl.convert_layout(_q_rot(qf, 16, True, ROT_HB, ROT_NORM).to(gl.float16), A_OP)
+        else:
+            q = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32).to(gl.float16)
         q_lo = q
         q_s = gl.full([16], 1.0, gl.float32, layout=ROWS)
 
@@ -691,7 +753,7 @@ def _frag_decode_kernel(
         c_out = (c & 7) * 16 + (c >> 3)
     heads = h * GROUP + rg
     cm = (rg < GROUP)[:, None] & (c_out < 128)[None, :]
-    if not SPLIT:
+    if not SPLIT:  # (out @ R + V mean by `rotate_heads`: in this epilogue it measured 3-7 % slower, session 19)
         l_safe = gl.where(l_i > 0, l_i, 1.0)[:, None]
         o_ptr = out_ptr + q_row.to(gl.int64) * so_t + heads[:, None] * so_h + c_out[None, :]
         gl.store(o_ptr, (acc / l_safe).to(out_ptr.dtype.element_ty), mask=cm & has_q)
@@ -833,7 +895,7 @@ def _fragt_decode_kernel(
     V_FACTOR: gl.constexpr, V_DT: gl.constexpr, INTERPRET: gl.constexpr, FAST: gl.constexpr,
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
-    ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
+    ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
@@ -859,9 +921,18 @@ def _fragt_decode_kernel(
         kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
         phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
-        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
-        qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
-        q = gl.convert_layout((qf * qk_scale).to(gl.float16), B_OP)
+        if ROT_Q:  # q [8, 128] rotated in a blocked layout, then transposed to the B operand
+            gb = gl.arange(0, 8, layout=gl.SliceLayout(1, QT8_LOAD))
+            kb = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
+            pb = (kb >> 6) * 64 + ((kb >> 1) & 3) * 16 + ((kb >> 4) & 3) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
+            qb = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + gb)[:, None] * sq_h
+            qr = gl.load(qb + pb[None, :], mask=(gb < GROUP)[:, None], other=0.0).to(gl.float32)
+            qr = _q_rot(qr, 8, True, ROT_HB, ROT_NORM)
+            q = gl.convert_layout(gl.permute((qr * qk_scale).to(gl.float16), [1, 0]), B_OP)
+        else:
+            q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
+            qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+            q = gl.convert_layout((qf * qk_scale).to(gl.float16), B_OP)
         q_lo = q
         q_s = gl.full([8], 1.0, gl.float32, layout=T_HEADS)
     elif KI8:  # q [8, 128] split in two int8 parts per head (as "frag"), then q^T as the int8 B operand
@@ -870,6 +941,7 @@ def _fragt_decode_kernel(
         phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
         q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
         qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
+        qf = _q_rot(qf, 8, ROT_Q, ROT_HB, ROT_NORM)
         qhi, qlo, step = split_q_int8(qf)
         q = gl.convert_layout(gl.permute(qhi, [1, 0]), B_OP8)
         q_lo = gl.convert_layout(gl.permute(qlo, [1, 0]), B_OP8)
@@ -878,9 +950,17 @@ def _fragt_decode_kernel(
         kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
         phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
-        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
-        qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
-        q = gl.convert_layout(qf.to(gl.float16), B_OP)
+        if ROT_Q:
+            gb = gl.arange(0, 8, layout=gl.SliceLayout(1, QT8_LOAD))
+            kb = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
+            pb = ((kb >> 1) & 3) * 32 + (kb >> 4) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
+            qb = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + gb)[:, None] * sq_h
+            qr = gl.load(qb + pb[None, :], mask=(gb < GROUP)[:, None], other=0.0).to(gl.float32)
+            q = gl.convert_layout(gl.permute(_q_rot(qr, 8, True, ROT_HB, ROT_NORM).to(gl.float16), [1, 0]), B_OP)
+        else:
+            q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
+            qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+            q = gl.convert_layout(qf.to(gl.float16), B_OP)
         q_lo = q
         q_s = gl.full([8], 1.0, gl.float32, layout=T_HEADS)
 
@@ -916,7 +996,11 @@ def _fragt_decode_kernel(
     rg = gl.arange(0, 8, layout=T_HEADS)
     heads = h * GROUP + rg
     cm = (c_out < 128)[:, None] & (rg < GROUP)[None, :]
-    if not SPLIT:
+    if not SPLIT and (ROT_OUT or OUT_MEAN):
+        l_safe = gl.where(l_i > 0, l_i, 1.0)[None, :]
+        _store_out_rot(gl.permute(acc / l_safe, [1, 0]), out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, 8, GROUP,
+                       KI4, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+    elif not SPLIT:
         l_safe = gl.where(l_i > 0, l_i, 1.0)[None, :]
         o_ptr = out_ptr + q_row.to(gl.int64) * so_t + heads[None, :] * so_h + c_out[:, None]
         gl.store(o_ptr, (acc / l_safe).to(out_ptr.dtype.element_ty), mask=cm & has_q)
