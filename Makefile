@@ -16,4 +16,4 @@ run: setup
 	kvpack generate --chat "What is the capital of France?"
 
 test: setup-test
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder

@@ -27,7 +27,8 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 def pytest_collection_modifyitems(config, items):
     # the ahead-of-time compiles (minutes, in subprocesses on every core) first: under pytest-xdist
-    # --dist loadfile (`make test`) their file then starts at once and overlaps the other workers' files
+    # --dist loadfile --no-loadscope-reorder (`make test`; xdist's default reorder, most tests first, left
+    # this 10-test file for the end) their file then starts at once and overlaps the other workers' files
     items.sort(key=lambda item: not item.nodeid.startswith("tests/test_kernels_aot.py"))
     if torch.cuda.is_available():
         return

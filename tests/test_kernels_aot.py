@@ -129,7 +129,10 @@ def variants():
                 assert plan.variant == "imma", plan.variant
                 out.append((f"decode-imma/{name}/D{D}", plan.kernel, plan.args, plan.options))
             if D == 128 and name in ("int8", "int8-static", "fp8_e4m3", "fp8_e5m2-static", "int4"):  # Gluon, fragment layout
-                for splits, merge in ((1, "auto"), (2, "separate"), (2, "fused")):
+                # split-K and its fused merge (q @ R in the kernel for rotated formats; the merge's out @ R for
+                # rotated V): the fused merge's epilogue for an int8 (centered below) and an FP8 (rotated) V
+                cases = ((1, "auto"), (2, "separate")) + (((2, "fused"),) if name in ("int8", "fp8_e4m3") else ())
+                for splits, merge in cases:
                     plan = plan_decode(q, lc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="frag",
                                        prefetch=0, merge=merge)
                     assert plan.variant == "frag" and plan.grid[2] == splits, (plan.variant, plan.grid)
@@ -196,7 +199,9 @@ def compile_all(archs=(80, 86), shard: int = 0, shards: int = 1) -> list[dict]:
     from triton.experimental.gluon import _runtime as gluon_runtime
 
     results = []
-    for i, (name, fn, args, opts) in enumerate(variants()):
+    # the Gluon variants (the longest compiles) first, then dealt round-robin: the shards get even shares
+    todo = sorted(variants(), key=lambda v: not isinstance(v[1], gluon_runtime.GluonJITFunction))
+    for i, (name, fn, args, opts) in enumerate(todo):
         if i % shards != shard:
             continue
         sig, consts, attrs = signature(fn, args)
@@ -223,8 +228,9 @@ def compile_all(archs=(80, 86), shard: int = 0, shards: int = 1) -> list[dict]:
 def aot_results():
     """Every variant compiled in fresh processes (no interpreter), one shard of the variants per CPU core
     (up to 4): compiling them all in one process took ~9 minutes of a 2-core CI run (empty Triton cache).
-    `make test` runs pytest-xdist with --dist loadfile: this file's tests share one worker, so this runs
-    once while the other workers run the other files (xdist 3.8's loadgroup did not group under pytest
+    `make test` runs pytest-xdist with --dist loadfile (and this file collected first, conftest): this
+    file's tests share one worker, so this runs once, from the start, while the other workers run the other
+    files (xdist 3.8's loadgroup did not group under pytest
     9.2: its `xdist_group` suffix never reached the node ids)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -271,10 +277,11 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     (rotated formats with split-K, session 19: 1 KB at sm_80)."""
     frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
     dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1/auto"]
-    assert len(frag) == 34, [r["variant"] for r in frag]
-    for r in frag:
-        staged_q = "/int8" in r["variant"] or "/splits2/" in r["variant"]  # int8 q parts, or q @ R
+    assert len(frag) == 28, [r["variant"] for r in frag]
+    for r in frag:  # int8 q parts, or q @ R (split-K: "splits2", and "frag-pf", planned on 300 tokens)
+        staged_q = "/int8" in r["variant"] or "/splits2/" in r["variant"] or r["variant"].startswith("decode-frag-pf")
         assert r["shared"] <= (2048 if staged_q else 0), (r["variant"], r["shared"])
+    assert any(r["shared"] == 0 for r in frag)  # (the bound is not always 2048)
     ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)
     assert ring and all(r["shared"] >= 2 * 16384 for r in ring), [(r["variant"], r["shared"]) for r in ring]
     assert dot and all(r["shared"] > 8192 for r in dot)  # the check would see staging
