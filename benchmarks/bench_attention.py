@@ -310,8 +310,8 @@ TUNE_CONFIGS = [
     ("auto-separate", "auto", {"merge": "separate"}),
     ("auto-fused", "auto", {"merge": "fused"}),
     # session 18: both products transposed ("fragt", the query heads as the MMA's n = 8): "auto" for int4
-    # (0.84-0.99x dot); 8-bit codes asked for only, not yet timed (sm_90: 168-206 registers against frag's
-    # 240-246; int8-static spill-free at 168)
+    # (0.84-0.99x dot); 8-bit codes asked for only (sm_90: 168-206 registers against frag's 240-246;
+    # int8-static spill-free at 168): session 19 timed them at 0.98-1.11x frag / imma, results/attention_s19
     ("fragt", "fragt", {}),
     ("fragt-r168", "fragt", {"maxnreg": 168}),
     ("fragt-fused", "fragt", {"merge": "fused"}),

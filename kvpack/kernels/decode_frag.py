@@ -17,7 +17,7 @@ its own mma.m16n8k16 fragments and converts them in registers:
   that share a 32-bit fragment register are interleaved in registers.
 `convert_layout(..., assert_trivial=True)` makes the compiler prove that neither hand-over moves
 data between lanes.
-- int8 K (since session 6, not yet run on a GPU): the codes feed mma.m16n8k32.s8 as they are loaded
+- int8 K (since session 6; on the H200 since session 7, results/attention_tune_s7): the codes feed mma.m16n8k32.s8 as they are loaded
   (no conversion), with q split per row into two int8 parts as in the "imma" variant
   (`quant.split_q_int8`); the same 32-byte loads per lane, read as logical channel
   32 j + 16 h + 4 t + e = code byte 32 t + 8 j + 4 h + e. q's parts reach the MMA operand layout
