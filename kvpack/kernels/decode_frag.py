@@ -410,6 +410,73 @@ def _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED: gl.cons
 
 
 @gluon.jit
+def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr):
+    """`_k8_load`'s codes [i 8, nl 8, t 4, b 32] as the B operand [128, 64] of q @ K^T (AS_A: the A operand
+    [64, 128] of K @ q^T, "fragt"): int8 codes as they are for int8 MMAs (QK8; byte 32 t + 8 j + 4 h + e of a
+    token is channel 32 j + 16 h + 4 t + e), else float16 (`_to_f16`; byte 32 t + 4 j + 2 h + e is channel
+    16 j + 8 h + 2 t + e); see the module doc."""
+    if QK8:
+        k = gl.reshape(kc, [8, 8, 4, 4, 2, 4])  # i nl t j h e
+        if AS_A:
+            out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP8,
+                                    assert_trivial=True)
+        else:
+            out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [128, 64]), B_OP8,
+                                    assert_trivial=True)
+    else:
+        k = gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2])  # i nl t j h e
+        if AS_A:
+            out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP,
+                                    assert_trivial=True)
+        else:
+            out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [128, 64]), B_OP,
+                                    assert_trivial=True)
+    return out
+
+
+@gluon.jit
+def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr):
+    """`_v8_load`'s codes as float16, the B operand [64, 128] of P @ V (AS_A: the A operand [128, 64] of
+    V^T @ P^T); output channel 8 m + nl of the operand is channel 16 nl + m (module doc)."""
+    v = gl.reshape(gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1]), [64, 128])  # token, m, nl
+    if AS_A:
+        out = gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
+    else:
+        out = gl.convert_layout(v, B_OP, assert_trivial=True)
+    return out
+
+
+@gluon.jit
+def _q_phys(kk, K_FMT: gl.constexpr):
+    """The code byte (int4: the channel) that logical channel kk of q meets in the K fragments (module doc)."""
+    if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 h + e
+        p = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+    elif K_FMT == K_FMT_INT8:  # int8 MMAs: logical 32 j + 16 h + 4 t + e is code byte 32 t + 8 j + 4 h + e
+        p = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
+    else:  # logical 16 j + 8 h + 2 t + e is code byte 32 t + 4 j + 2 h + e
+        p = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+    return p
+
+
+@gluon.jit
+def _q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP: gl.constexpr, ROWS: gl.constexpr, K_FMT: gl.constexpr,
+            A_OPERAND: gl.constexpr = False):
+    """The query rows of kv head h, [ROWS (the group, padded: 16 or 8), 128] float32, channels in K's order
+    (`_q_phys`): in a blocked layout (Q_LOAD; QT8_LOAD for 8 rows), or A_OPERAND: A_OP's."""
+    if A_OPERAND:
+        g = gl.arange(0, ROWS, layout=gl.SliceLayout(1, A_OP))
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, A_OP))
+    elif ROWS == 16:
+        g = gl.arange(0, ROWS, layout=gl.SliceLayout(1, Q_LOAD))
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
+    else:
+        g = gl.arange(0, ROWS, layout=gl.SliceLayout(1, QT8_LOAD))
+        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
+    q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
+    return gl.load(q_base + _q_phys(kk, K_FMT)[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
+
+
+@gluon.jit
 def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -442,15 +509,12 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                        BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, KI4, VI4)
     if KI4:
         s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
-    elif QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (see the module doc)
-        k = gl.permute(gl.reshape(kc, [8, 8, 4, 4, 2, 4]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
-        k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP8, assert_trivial=True)
+    elif QK8:
+        k = _k8_operand(kc, K_FMT, True, False)
         si = mma_v2(q, k, gl.full([16, 64], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(q_lo, k, si).to(gl.float32)
     else:
-        k = gl.permute(gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2]), [3, 4, 2, 5, 0, 1])  # j h t e i nl
-        k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
-        s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(q, _k8_operand(kc, K_FMT, False, False), gl.full([16, 64], 0.0, gl.float32, layout=MMA))
     # per-token vectors (K and V scales, masks) in the scores' column layout, built as [8 groups, 8]
     # (the group values move by register renaming, before any stride multiplies: the strides'
     # divisibility, which the load vectorization needs, survives)
@@ -492,8 +556,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     else:
         vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
     if not VI4:
-        v = gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1])  # token, m, nl
-        v = gl.convert_layout(gl.reshape(v, [64, 128]), B_OP, assert_trivial=True)
+        v = _v8_operand(vc, V_FMT, False)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
         vsc = _tile_scales(vsbuf, slot, vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED, RING)
         vmax = gl.max(vsc, axis=0)
@@ -658,14 +721,9 @@ def _frag_decode_kernel(
     KI8: gl.constexpr = K_FMT == K_FMT_INT8
     if KI8:
         # q [16, 128] in two int8 parts, hi * 254 + lo steps of |q|max / 32258 per row
-        # (`quant.split_q_int8`), channels in the int8 K fragments' order: logical 32 j + 16 h + 4 t + e
-        # is code byte 32 t + 8 j + 4 h + e; split in a blocked layout, then moved to the A operand
-        g = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_LOAD))
-        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
-        phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
-        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
-        qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
-        qf = _q_rot(qf, 16, ROT_Q, ROT_HB, ROT_NORM)
+        # (`quant.split_q_int8`), channels in the int8 K fragments' order; split in a blocked layout, then
+        # moved to the A operand
+        qf = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 16, K_FMT), 16, ROT_Q, ROT_HB, ROT_NORM)
         hi, lo, step = split_q_int8(qf)
         q = gl.convert_layout(hi, A_OP8)
         q_lo = gl.convert_layout(lo, A_OP8)
@@ -838,15 +896,12 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     noff = gl.convert_layout(goff, ROWS8_G, assert_trivial=True)[:, None] + nw
     nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), T_ROWS, assert_trivial=True)
     # ---- scores S^T [64, 8] ----
-    if QK8:  # byte 32 t + 8 j + 4 h + e of a token is channel 32 j + 16 h + 4 t + e (the module doc)
-        k = gl.permute(gl.reshape(kc, [8, 8, 4, 4, 2, 4]), [0, 1, 3, 4, 2, 5])  # i nl j h t e
-        k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP8, assert_trivial=True)
+    if QK8:
+        k = _k8_operand(kc, K_FMT, True, True)
         si = mma_v2(k, q, gl.full([64, 8], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(k, q_lo, si).to(gl.float32)
     else:
-        k = gl.permute(gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2]), [0, 1, 3, 4, 2, 5])  # i nl j h t e
-        k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP, assert_trivial=True)
-        s = mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(_k8_operand(kc, K_FMT, False, True), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     if not K_STATIC:
         ks = _t_row_vec(ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED)
         if QK8:  # the softmax scale is in q_s
@@ -867,8 +922,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=0)
     # ---- O^T [128, 8] += V^T @ P^T (row 8 m + nl: output channel 16 nl + m) ----
-    v = gl.reshape(gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1]), [64, 128])  # token, m, nl
-    v = gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
+    v = _v8_operand(vc, V_FMT, True)
     if not V_STATIC:  # the per-token V scale folds into p, normalised by the tile's largest (as in "frag")
         vsc = _t_row_vec(vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED)
         vmax = gl.max(vsc, axis=0)
@@ -917,49 +971,25 @@ def _fragt_decode_kernel(
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
     qk_scale = qk_scale * K_FACTOR
-    if KI4:  # q^T [128, 8] (times the softmax scale) as the B operand, channels in the int4 K order (module doc)
-        kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
-        phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
-        if ROT_Q:  # q [8, 128] rotated in a blocked layout, then transposed to the B operand
-            gb = gl.arange(0, 8, layout=gl.SliceLayout(1, QT8_LOAD))
-            kb = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
-            pb = (kb >> 6) * 64 + ((kb >> 1) & 3) * 16 + ((kb >> 4) & 3) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
-            qb = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + gb)[:, None] * sq_h
-            qr = gl.load(qb + pb[None, :], mask=(gb < GROUP)[:, None], other=0.0).to(gl.float32)
-            qr = _q_rot(qr, 8, True, ROT_HB, ROT_NORM)
-            q = gl.convert_layout(gl.permute((qr * qk_scale).to(gl.float16), [1, 0]), B_OP)
-        else:
-            q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
-            qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
-            q = gl.convert_layout((qf * qk_scale).to(gl.float16), B_OP)
-        q_lo = q
-        q_s = gl.full([8], 1.0, gl.float32, layout=T_HEADS)
-    elif KI8:  # q [8, 128] split in two int8 parts per head (as "frag"), then q^T as the int8 B operand
-        g = gl.arange(0, 8, layout=gl.SliceLayout(1, QT8_LOAD))
-        kk = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
-        phys = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
-        q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
-        qf = gl.load(q_base + phys[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
-        qf = _q_rot(qf, 8, ROT_Q, ROT_HB, ROT_NORM)
+    if KI8:  # q [8, 128] split in two int8 parts per head (as "frag"), then q^T as the int8 B operand
+        qf = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 8, K_FMT), 8, ROT_Q, ROT_HB, ROT_NORM)
         qhi, qlo, step = split_q_int8(qf)
         q = gl.convert_layout(gl.permute(qhi, [1, 0]), B_OP8)
         q_lo = gl.convert_layout(gl.permute(qlo, [1, 0]), B_OP8)
         q_s = gl.convert_layout(step, T_HEADS) * qk_scale
-    else:  # q^T [128, 8] fp16, channels in the 8-bit K order (module doc)
-        kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
-        phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
-        if ROT_Q:
-            gb = gl.arange(0, 8, layout=gl.SliceLayout(1, QT8_LOAD))
-            kb = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
-            pb = ((kb >> 1) & 3) * 32 + (kb >> 4) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
-            qb = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + gb)[:, None] * sq_h
-            qr = gl.load(qb + pb[None, :], mask=(gb < GROUP)[:, None], other=0.0).to(gl.float32)
-            q = gl.convert_layout(gl.permute(_q_rot(qr, 8, True, ROT_HB, ROT_NORM).to(gl.float16), [1, 0]), B_OP)
-        else:
+    else:  # q^T [128, 8] fp16 as the B operand (int4: times the softmax scale), channels in K's order
+        if ROT_Q:  # q [8, 128] rotated in a blocked layout, then transposed
+            qr = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 8, K_FMT), 8, True, ROT_HB, ROT_NORM)
+            if KI4:
+                qr = qr * qk_scale
+            q = gl.convert_layout(gl.permute(qr.to(gl.float16), [1, 0]), B_OP)
+        else:  # loaded transposed
+            kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
+            g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
             q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
-            qf = gl.load(q_base + phys[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+            qf = gl.load(q_base + _q_phys(kk, K_FMT)[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+            if KI4:
+                qf = qf * qk_scale
             q = gl.convert_layout(qf.to(gl.float16), B_OP)
         q_lo = q
         q_s = gl.full([8], 1.0, gl.float32, layout=T_HEADS)
