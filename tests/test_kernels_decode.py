@@ -520,7 +520,8 @@ def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
 def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, monkeypatch):
     """"fragt" rotates q as it loads it and, with one split, forms out @ R + V mean in its epilogue
     (`decode_frag._q_rot`, `_store_out_rot`; session 19): no `rotate_heads` around it, the output in q's
-    dtype. "frag" rotates q itself only with split-K (its one-split epilogue measured slower). KVPACK_GLUON_ROT_Q=0
+    dtype. "frag" rotates q itself only with split-K and 8-bit codes (its one-split epilogue measured slower,
+    and with int4 its code spilled). KVPACK_GLUON_ROT_Q=0
     (`GLUON_ROT_Q`) puts both back in `rotate_heads`."""
     import kvpack.kernels.decode_attention as da
 
@@ -531,7 +532,8 @@ def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, mo
     plan = da.plan_decode(q, lc, meta, 0.1, num_splits=splits, variant=variant, merge="separate")
     assert plan.variant == variant
     arg = lambda name: plan.args[plan.kernel.arg_names.index(name)]  # noqa: E731
-    in_kernel = gluon_rot and (variant == "fragt" or splits > 1)  # "frag": split-K only (measured)
+    # "frag": split-K and 8-bit codes only (measured; with int4 the rotation made it spill)
+    in_kernel = gluon_rot and (variant == "fragt" or splits > 1 and "int4" not in (k_name, v_name))
     assert arg("ROT_Q") == (in_kernel and lc.k.fmt.rotate)
     assert plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
     in_epilogue = in_kernel and splits == 1
@@ -561,7 +563,7 @@ def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, monke
     for on in (True, False):
         monkeypatch.setattr(da, "GLUON_ROT_Q", on)
         plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant)
-        in_kernel = on and (variant == "fragt" or splits > 1)
+        in_kernel = on and (variant == "fragt" or splits > 1 and "int4" not in (k_name, v_name))
         assert plan.variant == variant and plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
         out = da.decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant=variant)
         assert out.dtype == dtype

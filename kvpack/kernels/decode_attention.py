@@ -601,8 +601,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # the Gluon kernels rotate q as they load it (one 128-wide block: `decode_frag._q_rot`) and, with one
     # split, form out @ R + V mean in their epilogue (`decode_frag._store_out_rot`), since session 19: "fragt"
     # always (H200, int4: 0.5-5 % faster at every shape of bench_attention), "frag" only with split-K (FP8: 4-6 %
-    # faster at 8 x 8192 and 32 x 4096; with one split, 3-7 % slower at 64 x 2048 and 128 x 1024)
-    gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and num_splits > 1)
+    # faster at 8 x 8192 and 32 x 4096; with one split, 3-7 % slower at 64 x 2048 and 128 x 1024; not with int4
+    # on either side, where the rotation made its sm_90 code spill, 55-69 STL / LDL, against none)
+    gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and num_splits > 1 and not int4)
     rot_q = kp.fmt.rotate and (in_kernel_ok(kp.fmt.kind) or gluon_rot)
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     v_mean = None if post is None or post[1] is None else \

@@ -75,7 +75,8 @@ data between lanes.
 - Rotated formats (session 19): q @ R is formed in the kernel as q loads (`_q_rot`: q is loaded in the
   kernel's bit-permuted channel order, and a 128-point Sylvester Hadamard is unchanged by a permutation of
   index bits, so the butterflies over the permuted index give the permuted q @ R), by "fragt" always and by
-  "frag" with split-K; "fragt" with one split also forms out @ R + V mean in its epilogue
+  "frag" with split-K on 8-bit codes (with int4 its sm_90 code spilled); "fragt" with one split also forms
+  out @ R + V mean in its epilogue
   (`_store_out_rot`). That saves `rotate_heads`' launches (1.9-4.8 us a call on the H200). Measured per
   layer (bench_attention, results/attention_s19/rot): int4 "fragt" 0.5-5 % faster at every shape, FP8 "frag"
   4-6 % faster at 8 x 8192 and 32 x 4096 (split-K) and 3-7 % slower at 64 x 2048 and 128 x 1024 (one split,
