@@ -185,6 +185,34 @@ def test_write_row_layout_is_taken():
     assert rows("int4", 32, T) == [False, False] and rows("fp8_e4m3", 256, T) == [False, False]
 
 
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("k_name,v_name", [("int4", "int4"), ("fp8_e4m3", "int8"), ("int8-static", "int4-norot"),
+                                           ("bfloat16", "fp8_e5m2")])
+def test_write_split_sides(k_name, v_name, split, monkeypatch):
+    """One side a program (`plan_write(split_sides=True)`: grid axis 2 picks K or V) and both sides a
+    program write the same bits, in either layout, whichever the launcher's rule would take."""
+    from kvpack.kernels import cache_write
+
+    monkeypatch.setattr(cache_write, "split_sides_default", lambda kp, vp, rows: split)
+    run_write(k_name, v_name, T=23, H=2, D=64, dtype=torch.bfloat16)
+    monkeypatch.setattr(cache_write, "ROW_MIN_TOKENS", 1)
+    run_write(k_name, v_name, T=19, H=3, D=128, dtype=torch.bfloat16, centered=True)
+
+
+def test_write_split_sides_rule():
+    """The launcher splits the sides where one of them is int4 in the row layout (a long write)."""
+    from kvpack.kernels.cache_write import ROW_MIN_TOKENS, plan_write
+
+    def grid(k_name, v_name, T):
+        lc = LayerKVCache(make_pool(k_name, 128, 4, 2, 16, "cpu"), make_pool(v_name, 128, 4, 2, 16, "cpu"))
+        k = torch.zeros(T, 2, 128)
+        return plan_write(k, k, lc, torch.zeros(T, dtype=torch.long))[0]
+
+    T = ROW_MIN_TOKENS
+    assert len(grid("int4", "int4", T)) == 3 and len(grid("int8", "int4", T)) == 3
+    assert len(grid("int4", "int4", T - 1)) == 2 and len(grid("fp8_e4m3", "int8", T)) == 2
+
+
 def test_write_single_token_and_all_dropped():
     run_write("int4", "int8", T=1, drop=False)
     run_write("int8", "int8", T=3, drop=False, seed=1)
@@ -298,6 +326,90 @@ def test_div_by_scale_is_the_ieee_quotient():
             checked += 1
             plain_wrong += q != want
     assert checked > 4000 and plain_wrong > 50, (checked, plain_wrong)
+
+
+def test_recip_f16_is_the_ieee_reciprocal():
+    """`quant.recip_f16`'s GPU path (r0 = rcp.approx(s), any value within 1 ulp of 1/s; e = fma(-s, r0,
+    1); fma(r0, e, r0)), emulated with exact rational fused multiply-adds, equals numpy's IEEE 1 / s
+    for fp16 scales across the whole range, subnormal ones included, whichever r0 the hardware gives;
+    KVPACK_FULL_DIV_CHECK=1: every positive finite fp16 (~10 s) instead of 1500 of them. A plain r0
+    (no Newton step) misses, so the check can fail."""
+    from fractions import Fraction
+
+    def fma(a, b, c):
+        return _rn32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+    every = np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)
+    rng = np.random.default_rng(1)
+    scales = every if os.environ.get("KVPACK_FULL_DIV_CHECK") == "1" else np.concatenate(
+        [every[:64], every[-64:], rng.choice(every, 1500, replace=False)])
+    one = np.float32(1.0)
+    checked = off_by_one = 0
+    for s in scales:
+        want = one / s
+        for r0 in (np.nextafter(want, np.float32(0)), want, np.nextafter(want, np.float32(np.inf))):
+            got = fma(r0, fma(-s, r0, one), r0)
+            assert got == want, (s, r0, got, want)
+            checked += 1
+            off_by_one += r0 != want
+    assert checked >= 3 * len(scales) and off_by_one == 2 * len(scales)
+
+
+@pytest.mark.gpu
+def test_recip_f16_gpu_every_fp16():
+    """On the GPU, `quant.recip_f16` equals `div_rn(1, s)` bit for bit for every positive fp16 s (and
+    +inf -> 0): the hardware's own rcp.approx, not an emulation."""
+    import triton
+    import triton.language as tl
+
+    from kvpack.kernels.quant import recip_f16
+
+    @triton.jit
+    def kernel(s_ptr, got_ptr, want_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        s = tl.load(s_ptr + i, mask=i < n, other=1.0)
+        tl.store(got_ptr + i, recip_f16(s), mask=i < n)
+        tl.store(want_ptr + i, tl.math.div_rn(1.0, s), mask=i < n)
+
+    s = torch.arange(1, 0x7C01, dtype=torch.int16).view(torch.float16).float().cuda()  # up to +inf
+    got, want = torch.empty_like(s), torch.empty_like(s)
+    kernel[(triton.cdiv(s.numel(), 1024),)](s, got, want, s.numel(), BLOCK=1024)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert got[-1] == 0 and torch.isinf(s[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [15.0, 127.0, 448.0, 57344.0])
+def test_div_by_const_gpu_every_float32(c):
+    """On the GPU, `quant.div_by_const(x, C, fl(1/C))` (the dynamic scales' absmax / QMAX and int4's
+    range / 15) equals `div_rn(x, C)` bit for bit for every one of the 2**32 float32 x, except NaN
+    payloads (NaN both ways) and quotients below 2**-126, which must round to the same fp16 (the
+    only use of these quotients). Counted on the device."""
+    import triton
+    import triton.language as tl
+
+    from kvpack.kernels.quant import div_by_const
+
+    @triton.jit
+    def kernel(bad_ptr, C: tl.constexpr, RC: tl.constexpr, PER: tl.constexpr, BLOCK: tl.constexpr):
+        base = tl.program_id(0).to(tl.int64) * PER
+        bad = tl.zeros((BLOCK,), tl.int32)
+        for j in range(0, PER, BLOCK):
+            bits = (base + j + tl.arange(0, BLOCK)).to(tl.uint32)
+            x = bits.to(tl.float32, bitcast=True)
+            got = div_by_const(x, C, RC)
+            want = tl.math.div_rn(x, C)
+            same = got.to(tl.int32, bitcast=True) == want.to(tl.int32, bitcast=True)
+            same = same | ((got != got) & (want != want))
+            tiny = tl.abs(want) < 1.1754943508222875e-38
+            same = same | (tiny & (got.to(tl.float16) == want.to(tl.float16)))
+            bad += tl.where(same, 0, 1)
+        tl.atomic_add(bad_ptr, tl.sum(bad))
+
+    bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+    per = 1 << 16
+    kernel[((1 << 32) // per,)](bad, C=c, RC=float(np.float32(1.0) / np.float32(c)), PER=per, BLOCK=1024)
+    assert bad.item() == 0
 
 
 @pytest.mark.gpu

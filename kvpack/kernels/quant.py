@@ -9,6 +9,8 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
     round_half_even(x)                 float32 (|x| < 2**22) -> int32, ties to even
     div_by_scale(x, s, r)              fl(x / s) from r = fl(1 / s): two fused multiply-adds
     div_by_scale_rows(x, s, r)         the same for a row's own dynamic scale, without the NaN guard
+    recip_f16(s)                       fl(1 / s) for an fp16 scale s > 0: approximation + Newton step
+    div_by_const(x, C, RC)             fl(x / C) for a constant C from RC = fl(1 / C), no branch
     split_q_int8(q)                    float32 rows -> two int8 parts and a step per row (int8 MMAs)
     int8_encode(x, s, r)               float32 x, scale s (r = 1/s) -> int32 codes in [-127, 127]
     int4_encode(x, m, s, r)            float32 x, zero m, scale s (r = 1/s) -> int32 codes in [0, 15]
@@ -160,6 +162,50 @@ def _div_pair(x, s, r):
     return tl.inline_asm_elementwise(_ASM_DIV_BY_SCALE_PAIR, "=f,=f,f,f,f",
                                      [x, tl.broadcast_to(s, x.shape), tl.broadcast_to(r, x.shape)],
                                      dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+# 1 / s for an fp16 scale s > 0 (as float32): the hardware approximation, then one Newton step
+_ASM_RCP_F16 = tl.constexpr("""{
+.reg .f32 r, e, n;
+rcp.approx.ftz.f32 r, $1;
+neg.f32 n, $1;
+fma.rn.f32 e, n, r, 0f3F800000;
+fma.rn.f32 $0, r, e, r;
+}""")
+
+
+@triton.jit
+def recip_f16(s):
+    """div_rn(1, s) for a scale s > 0 that is an fp16 value (float32 holding it, or +inf), in 4
+    instructions where `div_rn` takes ~9 on its fast path, plus its slow-path check and call.
+
+    r0 = rcp.approx(s) is within 1 ulp (PTX's bound, any GPU); e = 1 - s r0 by one fma is exact (s has
+    11 significant bits, r0 24, and |e| <= 2**-23 leaves at most 13); r0 + r0 e by one fma rounds the
+    Newton value, within 2**-46 (relative) of 1 / s. 1 / s = 2**k / m with m an integer below 2**11, so
+    unless it is exact it lies at least 2**-35 (relative) from every float32 rounding boundary: both
+    round alike. s = +inf gives 0 (as 1 / inf). Checked with exact rationals for every fp16 scale and
+    each r0 within 1 ulp (tests/test_kernels_write.py) and against `div_rn` on a GPU. The CPU
+    interpreter divides."""
+    if _INTERPRET_C:
+        r = tl.math.div_rn(1.0, s)
+    else:
+        r = tl.inline_asm_elementwise(_ASM_RCP_F16, "=f,f", [s], dtype=tl.float32, is_pure=True, pack=1)
+        r = tl.where(s == float("inf"), 0.0, r)
+    return r
+
+
+@triton.jit
+def div_by_const(x, C: tl.constexpr, RC: tl.constexpr):
+    """div_rn(x, C) for a constant C (an fp16 value: QMAX 15, 127, 448, 57344) given RC = fl(1 / C):
+    `div_by_scale` (its Markstein correction and NaN guard, 4 instructions, no branch) in place of
+    `div_rn`'s ~9 and its slow path. Exact for normal quotients; a quotient below 2**-126 is within
+    an ulp of the IEEE one and rounds to the same fp16 (0) where the dynamic scales round it. Checked
+    against `div_rn` on a GPU for every float32 x (tests/test_kernels_write.py)."""
+    if _INTERPRET_C:
+        v = tl.math.div_rn(x, C)
+    else:
+        v = div_by_scale(x, tl.full(x.shape, C, tl.float32), tl.full(x.shape, RC, tl.float32))
+    return v
 
 
 @triton.jit
