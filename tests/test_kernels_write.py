@@ -185,34 +185,6 @@ def test_write_row_layout_is_taken():
     assert rows("int4", 32, T) == [False, False] and rows("fp8_e4m3", 256, T) == [False, False]
 
 
-@pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("k_name,v_name", [("int4", "int4"), ("fp8_e4m3", "int8"), ("int8-static", "int4-norot"),
-                                           ("bfloat16", "fp8_e5m2")])
-def test_write_split_sides(k_name, v_name, split, monkeypatch):
-    """One side a program (`plan_write(split_sides=True)`: grid axis 2 picks K or V) and both sides a
-    program write the same bits, in either layout, whichever the launcher's rule would take."""
-    from kvpack.kernels import cache_write
-
-    monkeypatch.setattr(cache_write, "split_sides_default", lambda kp, vp, rows: split)
-    run_write(k_name, v_name, T=23, H=2, D=64, dtype=torch.bfloat16)
-    monkeypatch.setattr(cache_write, "ROW_MIN_TOKENS", 1)
-    run_write(k_name, v_name, T=19, H=3, D=128, dtype=torch.bfloat16, centered=True)
-
-
-def test_write_split_sides_rule():
-    """The launcher splits the sides where one of them is int4 in the row layout (a long write)."""
-    from kvpack.kernels.cache_write import ROW_MIN_TOKENS, plan_write
-
-    def grid(k_name, v_name, T):
-        lc = LayerKVCache(make_pool(k_name, 128, 4, 2, 16, "cpu"), make_pool(v_name, 128, 4, 2, 16, "cpu"))
-        k = torch.zeros(T, 2, 128)
-        return plan_write(k, k, lc, torch.zeros(T, dtype=torch.long))[0]
-
-    T = ROW_MIN_TOKENS
-    assert len(grid("int4", "int4", T)) == 3 and len(grid("int8", "int4", T)) == 3
-    assert len(grid("int4", "int4", T - 1)) == 2 and len(grid("fp8_e4m3", "int8", T)) == 2
-
-
 def test_write_single_token_and_all_dropped():
     run_write("int4", "int8", T=1, drop=False)
     run_write("int8", "int8", T=3, drop=False, seed=1)

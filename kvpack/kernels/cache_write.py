@@ -2,8 +2,12 @@
 
 Grid (cdiv(T, BLOCK_T), Hkv): each program takes BLOCK_T tokens of one kv head, for K and for V.
 Codes, scales and zeros equal `kvpack.attention.reference.write_kv` bit for bit: float32 math with
-IEEE division (`div_by_scale`: one `div_rn` per scale for 1/s, then two fused multiply-adds per
-element give the IEEE quotient), scales rounded to float16 before use, round-half-even, clamp. Centering
+IEEE division (`div_by_scale`: from r = 1/s, two fused multiply-adds per element give the IEEE
+quotient), scales rounded to float16 before use, round-half-even, clamp. No `div_rn` on the GPU: a
+dynamic scale is absmax (or range) / QMAX by `div_by_const` and its r by `recip_f16` (both exact, no
+branch; `div_rn`'s slow-path call had cost int4 a third of its instructions' worth of registers: sm_90
+119 -> 64 a thread, 65536 tokens of Llama-8B 168 -> 149 us on the H200, FP8 135 -> 123 us;
+results/attention_s20/write). Centering
 (x minus the layer's mean) and the storage rotation run in the kernel as the reference defines them
 (`kvpack.attention.reference.storage_input`): a float32 subtract, then `_hadamard`, the same butterfly
 stages and final multiply as `kvpack.formats.hadamard_transform`. One exception: int4 with a head dim
@@ -230,22 +234,6 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 tl.store(c_ptrs, code, mask=dm)
 
 
-@triton.jit
-def _write_one(x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr,
-               cs0, cs1, cs2, ss0, ss1, ss2, blk, off, tok, tmask, h,
-               FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
-               D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
-               NG: tl.constexpr, CENTER: tl.constexpr, ROTATE: tl.constexpr, HB: tl.constexpr,
-               NORM: tl.constexpr, BT: tl.constexpr, HW_FP8: tl.constexpr, ROWS: tl.constexpr):
-    """One side's load and `_write_side` (a program of the split-sides grid)."""
-    x = tl.zeros((BT, D_PAD), tl.float32)
-    if not (FMT == K_FMT_INT4 and D != D_PAD):
-        x = _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D, D_PAD, ROWS)
-    _write_side(x, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_ptr,
-                cs0, cs1, cs2, ss0, ss1, ss2, blk, off, tok, tmask, h,
-                FMT, STATIC, QMAX, D, D_PAD, HALF_PAD, G, NG, CENTER, ROTATE, HB, NORM, BT, HW_FP8, ROWS)
-
-
 # T varies step by step: not specialized (equal to 1 / a multiple of 16 would each compile another
 # variant in the middle of a run; it only bounds the token mask)
 @triton.jit(do_not_specialize=["T"])
@@ -260,8 +248,7 @@ def _cache_write_kernel(
     K_NORM: tl.constexpr,
     V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_QMAX: tl.constexpr, V_G: tl.constexpr,
     V_NG: tl.constexpr, V_CENTER: tl.constexpr, V_ROTATE: tl.constexpr, V_HB: tl.constexpr,
-    V_NORM: tl.constexpr, SPLIT_SIDES: tl.constexpr, K_ROWS: tl.constexpr, V_ROWS: tl.constexpr,
-    HW_FP8: tl.constexpr,
+    V_NORM: tl.constexpr, K_ROWS: tl.constexpr, V_ROWS: tl.constexpr, HW_FP8: tl.constexpr,
 ):
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -271,35 +258,23 @@ def _cache_write_kernel(
     slot = tl.where(tmask, slot, 0).to(tl.uint64)
     blk = (slot // BLOCK_SIZE).to(tl.int64)
     off = (slot & (BLOCK_SIZE - 1)).to(tl.int64)
-    if SPLIT_SIDES:  # grid axis 2: K (0) or V (1), half the registers a program (`plan_write`)
-        if tl.program_id(2) == 0:
-            _write_one(k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
-                       kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
-                       K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB,
-                       K_NORM, BLOCK_T, HW_FP8, K_ROWS)
-        else:
-            _write_one(v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
-                       vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
-                       V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB,
-                       V_NORM, BLOCK_T, HW_FP8, V_ROWS)
-    else:
-        # both sides' rows are loaded before either is stored (stores could alias later loads for the
-        # compiler, which would otherwise wait for K's stores before V's loads go out)
-        # (int4 at head dims 80 / 96 loads two padded halves inside `_write_side` instead)
-        xk = tl.zeros((BLOCK_T, D_PAD), tl.float32)
-        xv = tl.zeros((BLOCK_T, D_PAD), tl.float32)
-        if not (K_FMT == K_FMT_INT4 and D != D_PAD):
-            xk = _load_rows(k_ptr, stride_kt, stride_kh, tok, tmask, h, D, D_PAD, K_ROWS)
-        if not (V_FMT == K_FMT_INT4 and D != D_PAD):
-            xv = _load_rows(v_ptr, stride_vt, stride_vh, tok, tmask, h, D, D_PAD, V_ROWS)
-        _write_side(xk, k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
-                    kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
-                    K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
-                    BLOCK_T, HW_FP8, K_ROWS)
-        _write_side(xv, v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
-                    vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
-                    V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
-                    BLOCK_T, HW_FP8, V_ROWS)
+    # both sides' rows are loaded before either is stored (stores could alias later loads for the
+    # compiler, which would otherwise wait for K's stores before V's loads go out)
+    # (int4 at head dims 80 / 96 loads two padded halves inside `_write_side` instead)
+    xk = tl.zeros((BLOCK_T, D_PAD), tl.float32)
+    xv = tl.zeros((BLOCK_T, D_PAD), tl.float32)
+    if not (K_FMT == K_FMT_INT4 and D != D_PAD):
+        xk = _load_rows(k_ptr, stride_kt, stride_kh, tok, tmask, h, D, D_PAD, K_ROWS)
+    if not (V_FMT == K_FMT_INT4 and D != D_PAD):
+        xv = _load_rows(v_ptr, stride_vt, stride_vh, tok, tmask, h, D, D_PAD, V_ROWS)
+    _write_side(xk, k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
+                kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
+                K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
+                BLOCK_T, HW_FP8, K_ROWS)
+    _write_side(xv, v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
+                vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
+                V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
+                BLOCK_T, HW_FP8, V_ROWS)
 
 
 def _side_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> tuple[torch.Tensor, list]:
@@ -335,13 +310,6 @@ def row_layout(pool: CachePool, rotate: bool) -> bool:
     return (rotate or pool.fmt.kind == "int4") and d in (64, 128)
 
 
-def split_sides_default(kp: CachePool, vp: CachePool, rows: list[bool]) -> bool:
-    """One side (K or V) a program, a third grid axis, where a side is int4 in the row layout: half the
-    registers (more programs an SM) for the format whose write is longest. Placeholder rule, set by
-    measurement below."""
-    return any(r and p.fmt.kind == "int4" for r, p in zip(rows, (kp, vp)))
-
-
 def _pool_args(pool: CachePool, mean_arg) -> list:
     codes = pool.codes
     scales = pool.scales if pool.scales is not None else codes
@@ -366,12 +334,12 @@ def hw_fp8_encode(device: torch.device) -> bool:
 
 
 def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor,
-               block_t: int | None = None, num_warps: int = 4, rows: bool | None = None,
-               split_sides: bool | None = None) -> tuple[tuple[int, ...], list, dict]:
+               block_t: int | None = None, num_warps: int = 4,
+               rows: bool | None = None) -> tuple[tuple[int, int], list, dict]:
     """(grid, args, options) of the cache-write launch (also used to compile ahead of time).
-    `block_t` (tokens per program, a power of two), `num_warps`, `rows` (the row layout where the
-    side's format can use it, `row_layout`; default: with >= ROW_MIN_TOKENS tokens) and `split_sides`
-    (one side a program, `split_sides_default`) override the defaults (for `benchmarks/probe_write.py`)."""
+    `block_t` (tokens per program, a power of two), `num_warps` and `rows` (the row layout where the
+    side's format can use it, `row_layout`; default: with >= ROW_MIN_TOKENS tokens) override the
+    defaults (for `benchmarks/probe_write.py`)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, H, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), (k.shape, v.shape, slot_mapping.shape)
@@ -392,14 +360,11 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     if block_t is None:
         cap = min(64, 4096 // d_pad) if any(rows) else min(16, 2048 // d_pad)
         block_t = max(1, min(cap, next_pow2(T)))
-    if split_sides is None:
-        split_sides = split_sides_default(kp, vp, rows)
-    grid = (cdiv(T, block_t), H, 2) if split_sides else (cdiv(T, block_t), H)
+    grid = (cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
             kp.block_size, block_t, D, d_pad, half_pad,
-            *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:], split_sides, *rows,
-            hw_fp8_encode(k.device)]
+            *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:], *rows, hw_fp8_encode(k.device)]
     # no mul+add -> fma contraction: the reference rounds every product (e.g. x * NORM, then x - m)
     return grid, args, {"num_warps": num_warps, "enable_fp_fusion": False}
 
