@@ -15,8 +15,8 @@ that is not a power of two (80, 96: Hadamard blocks straddle the two nibble halv
 rotated by `storage_input` in the launcher, and the kernel quantizes.
 
 Long writes (>= ROW_MIN_TOKENS tokens: prefill) of rotated or int4 sides at head dims 64 and 128 use
-the row layout (`_load_rows`, `row_layout`): 32 consecutive channels of a row per thread, so that most
-butterfly stages and the group reductions stay in registers; short ones (decode) keep the plain layout.
+the row layout (`_load_rows`, `row_layout`): 32 channels of a row per thread, so that most butterfly
+stages and group reductions stay in registers; short ones (decode) keep the plain layout.
 """
 
 from __future__ import annotations
@@ -74,8 +74,10 @@ ROW_VEC = tl.constexpr(8)  # of them per load (16 bytes of bf16 / fp16)
 @triton.jit
 def _row_offsets(N: tl.constexpr):
     """Element offsets within a row of N, as [chunk, 1 (token), piece, vec]: element piece * ROW_CHUNK
-    + chunk * ROW_VEC + vec. The chunk axis (slowest, no lanes left for it) lands in registers."""
-    ch = tl.arange(0, ROW_CHUNK // ROW_VEC)[:, None, None, None] * ROW_VEC
+    + chunk * ROW_VEC + vec. Triton's coalescing gives the vec axis to one thread (16 bytes) and lanes
+    to the other axes in axis order: the 4 chunks of a piece go to 4 lanes (64 contiguous bytes a
+    row), the tokens to the rest, and the pieces to registers (sm_90 layout: a thread holds channels
+    c..c+7 of each 32, c = 8 x its lane's chunk)."""
     piece = tl.arange(0, N // ROW_CHUNK)[None, None, :, None] * ROW_CHUNK
     return ch + piece + tl.arange(0, ROW_VEC)[None, None, None, :]
 
@@ -85,15 +87,18 @@ def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PA
                ROWS: tl.constexpr = False):
     """The program's rows of one side [BT, D_PAD] in the input dtype (padding 0).
 
-    ROWS (`row_layout`): loaded so that each thread holds ROW_CHUNK consecutive channels of a row,
-    as ROW_CHUNK / ROW_VEC loads of ROW_VEC: the pointer tensor [chunk, token, piece, vec] puts the
-    chunk axis (the slowest, no lanes left for it) in registers, and the permute + reshape back to
-    [BT, D] move no data. The Hadamard stages within 32 channels and the int4 group reductions then
-    run in registers instead of across lanes, and `_store_row_layout` stores the codes from the same
+    ROWS (`row_layout`): loaded through the 4-D pointer tensor of `_row_offsets`, so that each thread
+    holds 32 channels of a row (8 consecutive ones in each 32: channel bits 0-2 and 5-6 in registers,
+    bits 3-4 on 4 lanes), and the permute + reshape back to [BT, D] move no data. Five of the seven
+    Hadamard stages, int4's nibble pairing (j, j + 64) and most of each group reduction then run in
+    registers (the rest: 2 shuffles deep), and `_store_row_layout` stores the codes from the same
     lanes (sm_90 SASS: int4 47.8 -> 34.9 instructions an element, FP8 32.5 -> 26.6, no shared
     memory; the write is bound by instruction issue. H200, 65536 tokens of Llama-8B: int4 217 -> 182
     us, FP8 159 -> 147 us; with the per-row / per-group division guards then 168 and 134 us;
-    results/write_s15)."""
+    results/write_s15). A thread holding 64 channels (bits 0-4 and 6, two lanes a row: 22.6
+    instructions an element against 27.6) measured slower, int4 186 against 149 us and FP8 200
+    against 123: each warp-wide 16-byte load then touches 32 lines instead of 8
+    (results/attention_s20/write)."""
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh
     if ROWS:  # D a power of two, a multiple of ROW_CHUNK
         BT: tl.constexpr = tok.shape[0]
