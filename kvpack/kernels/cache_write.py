@@ -78,6 +78,7 @@ def _row_offsets(N: tl.constexpr):
     to the other axes in axis order: the 4 chunks of a piece go to 4 lanes (64 contiguous bytes a
     row), the tokens to the rest, and the pieces to registers (sm_90 layout: a thread holds channels
     c..c+7 of each 32, c = 8 x its lane's chunk)."""
+    ch = tl.arange(0, ROW_CHUNK // ROW_VEC)[:, None, None, None] * ROW_VEC
     piece = tl.arange(0, N // ROW_CHUNK)[None, None, :, None] * ROW_CHUNK
     return ch + piece + tl.arange(0, ROW_VEC)[None, None, None, :]
 
