@@ -168,22 +168,6 @@ def test_write_row_layout(name, D, monkeypatch):
             run_write(name, name, T=19, H=2, D=D, dtype=torch.bfloat16, group_size=group)
 
 
-@pytest.mark.parametrize("tiles", [2, 3])
-def test_write_several_tiles_a_program(tiles, monkeypatch):
-    """Programs of several token tiles (`plan_write(tiles=...)`, `ROW_TILES`: the next tile's loads
-    before this tile's stores), the last program partly past the tokens: the reference's bits, in the
-    row layout and the plain one."""
-    from kvpack.kernels import cache_write
-
-    plan = cache_write.plan_write
-    monkeypatch.setattr(cache_write, "plan_write", lambda *a, **kw: plan(*a, block_t=8, tiles=tiles, **kw))
-    monkeypatch.setattr(cache_write, "ROW_MIN_TOKENS", 1)
-    run_write("int4", "fp8_e4m3", T=45, H=2, D=64, dtype=torch.bfloat16, centered=True)
-    run_write("int8", "int4-norot", T=37, H=3, D=128, dtype=torch.bfloat16)
-    monkeypatch.setattr(cache_write, "ROW_MIN_TOKENS", 1 << 20)
-    run_write("int4", "int8", T=45, H=2, D=64, dtype=torch.bfloat16)
-
-
 def test_write_row_layout_is_taken():
     """The launcher's rule: rotated or int4 sides at head dims 64 / 128, from ROW_MIN_TOKENS
     tokens; the rest (and every side of a short write) keep the plain layout."""

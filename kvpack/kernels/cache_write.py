@@ -240,32 +240,6 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 tl.store(c_ptrs, code, mask=dm)
 
 
-@triton.jit
-def _slots(slot_ptr, tok, T, BLOCK_SIZE: tl.constexpr):
-    """(block, offset, mask) of the tokens `tok`: slot -1 (dropped) and tokens past T masked."""
-    slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
-    tmask = slot >= 0
-    # slot >= 0 here: unsigned division and a mask (BLOCK_SIZE is a power of two)
-    slot = tl.where(tmask, slot, 0).to(tl.uint64)
-    return (slot // BLOCK_SIZE).to(tl.int64), (slot & (BLOCK_SIZE - 1)).to(tl.int64), tmask
-
-
-@triton.jit
-def _load_sides(k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, tok, tmask, h, BT: tl.constexpr,
-                D: tl.constexpr, D_PAD: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr,
-                K_ROWS: tl.constexpr, V_ROWS: tl.constexpr):
-    """Both sides' rows, loaded before either is stored (stores could alias later loads for the
-    compiler, which would otherwise wait for K's stores before V's loads go out); int4 at head dims
-    80 / 96 loads two padded halves inside `_write_side` instead (zeros here)."""
-    xk = tl.zeros((BT, D_PAD), tl.float32)
-    xv = tl.zeros((BT, D_PAD), tl.float32)
-    if not (K_FMT == K_FMT_INT4 and D != D_PAD):
-        xk = _load_rows(k_ptr, stride_kt, stride_kh, tok, tmask, h, D, D_PAD, K_ROWS)
-    if not (V_FMT == K_FMT_INT4 and D != D_PAD):
-        xv = _load_rows(v_ptr, stride_vt, stride_vh, tok, tmask, h, D, D_PAD, V_ROWS)
-    return xk, xv
-
-
 # T varies step by step: not specialized (equal to 1 / a multiple of 16 would each compile another
 # variant in the middle of a run; it only bounds the token mask)
 @triton.jit(do_not_specialize=["T"])
@@ -273,8 +247,8 @@ def _cache_write_kernel(
     k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, slot_ptr, T,
     kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr, kcs0, kcs1, kcs2, kss0, kss1, kss2,
     vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr, vcs0, vcs1, vcs2, vss0, vss1, vss2,
-    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr, D: tl.constexpr,
-    D_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
     K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_QMAX: tl.constexpr, K_G: tl.constexpr,
     K_NG: tl.constexpr, K_CENTER: tl.constexpr, K_ROTATE: tl.constexpr, K_HB: tl.constexpr,
     K_NORM: tl.constexpr,
@@ -282,29 +256,31 @@ def _cache_write_kernel(
     V_NG: tl.constexpr, V_CENTER: tl.constexpr, V_ROTATE: tl.constexpr, V_HB: tl.constexpr,
     V_NORM: tl.constexpr, K_ROWS: tl.constexpr, V_ROWS: tl.constexpr, HW_FP8: tl.constexpr,
 ):
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
-    # TILES token tiles a program, each tile's loads issued before the previous tile's compute and
-    # stores (registers hold both), so a program's load latency overlaps its own work
-    tok = tl.program_id(0) * (BLOCK_T * TILES) + tl.arange(0, BLOCK_T)
-    blk, off, tmask = _slots(slot_ptr, tok, T, BLOCK_SIZE)
-    xk, xv = _load_sides(k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, tok, tmask, h,
-                         BLOCK_T, D, D_PAD, K_FMT, V_FMT, K_ROWS, V_ROWS)
-    for i in tl.static_range(TILES):
-        if i + 1 < TILES:
-            tok_n = tok + BLOCK_T
-            blk_n, off_n, tmask_n = _slots(slot_ptr, tok_n, T, BLOCK_SIZE)
-            xk_n, xv_n = _load_sides(k_ptr, v_ptr, stride_kt, stride_kh, stride_vt, stride_vh, tok_n, tmask_n,
-                                     h, BLOCK_T, D, D_PAD, K_FMT, V_FMT, K_ROWS, V_ROWS)
-        _write_side(xk, k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
-                    kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
-                    K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
-                    BLOCK_T, HW_FP8, K_ROWS)
-        _write_side(xv, v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
-                    vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
-                    V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
-                    BLOCK_T, HW_FP8, V_ROWS)
-        if i + 1 < TILES:
-            tok, blk, off, tmask, xk, xv = tok_n, blk_n, off_n, tmask_n, xk_n, xv_n
+    slot = tl.load(slot_ptr + tok, mask=tok < T, other=-1).to(tl.int64)
+    tmask = slot >= 0
+    # slot >= 0 here: unsigned division and a mask (BLOCK_SIZE is a power of two)
+    slot = tl.where(tmask, slot, 0).to(tl.uint64)
+    blk = (slot // BLOCK_SIZE).to(tl.int64)
+    off = (slot & (BLOCK_SIZE - 1)).to(tl.int64)
+    # both sides' rows are loaded before either is stored (stores could alias later loads for the
+    # compiler, which would otherwise wait for K's stores before V's loads go out)
+    # (int4 at head dims 80 / 96 loads two padded halves inside `_write_side` instead)
+    xk = tl.zeros((BLOCK_T, D_PAD), tl.float32)
+    xv = tl.zeros((BLOCK_T, D_PAD), tl.float32)
+    if not (K_FMT == K_FMT_INT4 and D != D_PAD):
+        xk = _load_rows(k_ptr, stride_kt, stride_kh, tok, tmask, h, D, D_PAD, K_ROWS)
+    if not (V_FMT == K_FMT_INT4 and D != D_PAD):
+        xv = _load_rows(v_ptr, stride_vt, stride_vh, tok, tmask, h, D, D_PAD, V_ROWS)
+    _write_side(xk, k_ptr, stride_kt, stride_kh, kc_ptr, ks_ptr, kz_ptr, kst_ptr, km_ptr,
+                kcs0, kcs1, kcs2, kss0, kss1, kss2, blk, off, tok, tmask, h,
+                K_FMT, K_STATIC, K_QMAX, D, D_PAD, HALF_PAD, K_G, K_NG, K_CENTER, K_ROTATE, K_HB, K_NORM,
+                BLOCK_T, HW_FP8, K_ROWS)
+    _write_side(xv, v_ptr, stride_vt, stride_vh, vc_ptr, vs_ptr, vz_ptr, vst_ptr, vm_ptr,
+                vcs0, vcs1, vcs2, vss0, vss1, vss2, blk, off, tok, tmask, h,
+                V_FMT, V_STATIC, V_QMAX, D, D_PAD, HALF_PAD, V_G, V_NG, V_CENTER, V_ROTATE, V_HB, V_NORM,
+                BLOCK_T, HW_FP8, V_ROWS)
 
 
 def _side_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> tuple[torch.Tensor, list]:
@@ -328,7 +304,6 @@ def _side_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> 
 # measured on the H200 (session 15, results/write_s15): from 2048 tokens the row layout is faster (int4
 # 14.2 -> 12.3 us, FP8 equal), at 256-512 tokens 2-7 % slower (a longer chain of instructions per thread)
 ROW_MIN_TOKENS = 1024
-ROW_TILES = 1  # token tiles a program in the row layout (placeholder, set by measurement)
 
 
 def row_layout(pool: CachePool, rotate: bool) -> bool:
@@ -365,8 +340,8 @@ def hw_fp8_encode(device: torch.device) -> bool:
 
 
 def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot_mapping: torch.Tensor,
-               block_t: int | None = None, num_warps: int = 4, rows: bool | None = None,
-               tiles: int | None = None) -> tuple[tuple[int, int], list, dict]:
+               block_t: int | None = None, num_warps: int = 4,
+               rows: bool | None = None) -> tuple[tuple[int, int], list, dict]:
     """(grid, args, options) of the cache-write launch (also used to compile ahead of time).
     `block_t` (tokens per program, a power of two), `num_warps` and `rows` (the row layout where the
     side's format can use it, `row_layout`; default: with >= ROW_MIN_TOKENS tokens) override the
@@ -391,13 +366,10 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     if block_t is None:
         cap = min(64, 4096 // d_pad) if any(rows) else min(16, 2048 // d_pad)
         block_t = max(1, min(cap, next_pow2(T)))
-    if tiles is None:
-        tiles = ROW_TILES if any(rows) else 1
-    tiles = max(1, min(tiles, cdiv(T, block_t)))
-    grid = (cdiv(T, block_t * tiles), H)
+    grid = (cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
-            kp.block_size, block_t, tiles, D, d_pad, half_pad,
+            kp.block_size, block_t, D, d_pad, half_pad,
             *_fmt_constexprs(kp), *k_extra[1:], *_fmt_constexprs(vp), *v_extra[1:], *rows, hw_fp8_encode(k.device)]
     # no mul+add -> fma contraction: the reference rounds every product (e.g. x * NORM, then x - m)
     return grid, args, {"num_warps": num_warps, "enable_fp_fusion": False}
