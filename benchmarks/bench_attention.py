@@ -1,6 +1,7 @@
 """Decode paged attention and cache write on the GPU: time, KV bytes read, TB/s, ratios.
 
     python benchmarks/bench_attention.py [--quick] [--check] [--out results/attention]
+    python benchmarks/bench_attention.py --write-only  # the cache-write rows alone
 
 For each shape (Llama-3.1-8B attention: 32 q / 8 kv heads, head_dim 128, block 16, at batch x
 context 1x32768 ... 128x1024, plus SmolLM2: 9 q / 3 kv / 64) and each KV format (bf16, int8,
@@ -499,6 +500,8 @@ def plot(results: dict, path: str) -> None:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
     shapes = list(dict.fromkeys(r["shape"] for r in results["decode"]))
+    if not shapes:  # --write-only: the table has the rows
+        return
     fmts = list(dict.fromkeys(r["format"] for r in results["decode"]))
     by = {(r["shape"], r["format"]): r["us"] for r in results["decode"]}
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(shapes)), 4.5))
@@ -540,6 +543,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens) of every shape")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--write-only", action="store_true", help="only the cache-write rows (no decode shapes)")
     ap.add_argument("--rep-ms", type=int, default=None)
     ap.add_argument("--layers", type=int, default=8,
                     help="also time a graph of this many decode calls, each on its own cache (an engine step's "
@@ -554,6 +558,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
     names = args.shapes.split(",") if args.shapes else (QUICK_SHAPES if args.quick else [s.name for s in SHAPES])
+    if args.write_only:
+        names = []
     shapes = [replace(s, block_size=args.block_size) for s in SHAPES if s.name in names]
     formats = args.formats.split(",")
     rep = args.rep_ms or (40 if args.quick else 100)

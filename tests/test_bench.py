@@ -202,6 +202,22 @@ def test_engine_tables():
     assert engine_tables([40, 70, 33], 16, 32) == [[0, 1, 6], [2, 3, 7, 9, 10], [4, 5, 8]]
 
 
+def test_bench_attention_write_only_reports(tmp_path):
+    """`bench_attention.py --write-only` results (no decode rows): the reports hold the write table,
+    ratios against the copy, and no plot (nothing to draw)."""
+    from benchmarks.bench_attention import write_reports
+
+    env = {"gpu": "G", "driver": "d", "torch": "t", "triton": "x", "cuda": "c", "commit": "abc", "time": "now",
+           "command": "bench_attention.py --write-only"}
+    results = {"env": env, "decode": [], "sdpa": {}, "vllm_us": {},
+               "write": [{"format": "torch copy (ceiling)", "tokens": 64, "us": 8.0, "input_TBps": 0.5},
+                         {"format": "int4", "tokens": 64, "us": 6.0, "input_TBps": 0.6}]}
+    write_reports(results, str(tmp_path))
+    md = (tmp_path / "bench_attention.md").read_text()
+    assert "| int4 | 64 | 6.0 | 0.60 | 0.75 |" in md and not (tmp_path / "bench_attention.png").exists()
+    assert json.loads((tmp_path / "bench_attention.json").read_text())["write"][1]["us"] == 6.0
+
+
 def test_throughput_profile_steps(tmp_path, capsys):
     """--profile-steps A:B profiles timed steps A..B-1 of the run (torch.profiler, `kvpack_step` ranges)
     into PREFIX_<format>_profile.json: one "per step" row (wall time; on CPU no GPU events, busy 0) and
