@@ -42,7 +42,7 @@ from kvpack.kernels.quant import (
 @triton.jit
 def _absmax_scale(x, QMAX: tl.constexpr):
     """Dynamic scale per row of x [BT, D] (padding holds 0): fp16(absmax / QMAX), 0 -> 1; float32."""
-    s = div_by_const(tl.max(tl.abs(x), axis=1), QMAX, 1.0 / QMAX).to(tl.float16)
+    s = div_by_const(tl.max(tl.abs(x), axis=1), QMAX).to(tl.float16)
     return tl.where(s == 0.0, 1.0, s.to(tl.float32))
 
 
@@ -140,7 +140,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         xg = tl.reshape(x, (BT, NG, G))
         mx = tl.max(xg, axis=2, keep_dims=True)
         mn = tl.min(xg, axis=2, keep_dims=True)
-        s = div_by_const(mx - mn, QMAX, 1.0 / QMAX).to(tl.float16)
+        s = div_by_const(mx - mn, QMAX).to(tl.float16)
         s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
         m = mn.to(tl.float16)
         g_off = s_row[:, None, None] + tl.arange(0, NG)[None, :, None]
@@ -181,7 +181,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                             tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
             mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
                             tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
-            s = div_by_const(mx - mn, QMAX, 1.0 / QMAX).to(tl.float16)
+            s = div_by_const(mx - mn, QMAX).to(tl.float16)
             s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
             m = mn.to(tl.float16)
             tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)

@@ -303,6 +303,17 @@ def _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2,
 
 
 @gluon.jit
+def _v_operand(v, AS_A: gl.constexpr):
+    """A dequantized V tile [64 tokens, 128] as the B operand of P @ V, or transposed as the A operand
+    [128, 64] of V^T @ P^T ("fragt")."""
+    if AS_A:
+        out = gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
+    else:
+        out = gl.convert_layout(v, B_OP, assert_trivial=True)
+    return out
+
+
+@gluon.jit
 def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr = False):
     """`_v4_load`'s codes as the B operand [64, 128] of P @ V (AS_A: the A operand [128, 64] of
     V^T @ P^T; output channels in the int4 V order of the module doc), dequantized in registers."""
@@ -310,11 +321,7 @@ def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr = False):
     # value 8 w + m of lane nl is channel 64 w + 8 nl + m = logical 8 (8 w + m) + nl
     v = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 3, 4, 6, 5]), [64, 8, 16])  # token, nl, 8 w + m
     v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, 128])  # token, 8 w + m, nl
-    if AS_A:
-        out = gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
-    else:
-        out = gl.convert_layout(v, B_OP, assert_trivial=True)
-    return out
+    return _v_operand(v, AS_A)
 
 
 @gluon.jit
@@ -440,11 +447,7 @@ def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr):
     """`_v8_load`'s codes as float16, the B operand [64, 128] of P @ V (AS_A: the A operand [128, 64] of
     V^T @ P^T); output channel 8 m + nl of the operand is channel 16 nl + m (module doc)."""
     v = gl.reshape(gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1]), [64, 128])  # token, m, nl
-    if AS_A:
-        out = gl.convert_layout(gl.permute(v, [1, 0]), A_OP, assert_trivial=True)
-    else:
-        out = gl.convert_layout(v, B_OP, assert_trivial=True)
-    return out
+    return _v_operand(v, AS_A)
 
 
 @gluon.jit

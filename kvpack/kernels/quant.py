@@ -10,7 +10,7 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
     div_by_scale(x, s, r)              fl(x / s) from r = fl(1 / s): two fused multiply-adds
     div_by_scale_rows(x, s, r)         the same for a row's own dynamic scale, without the NaN guard
     recip_f16(s)                       fl(1 / s) for an fp16 scale s > 0: approximation + Newton step
-    div_by_const(x, C, RC)             fl(x / C) for a constant C from RC = fl(1 / C), no branch
+    div_by_const(x, C)                 fl(x / C) for a constant C (from fl(1 / C)), no branch
     split_q_int8(q)                    float32 rows -> two int8 parts and a step per row (int8 MMAs)
     int8_encode(x, s, r)               float32 x, scale s (r = 1/s) -> int32 codes in [-127, 127]
     int4_encode(x, m, s, r)            float32 x, zero m, scale s (r = 1/s) -> int32 codes in [0, 15]
@@ -195,8 +195,8 @@ def recip_f16(s):
 
 
 @triton.jit
-def div_by_const(x, C: tl.constexpr, RC: tl.constexpr):
-    """div_rn(x, C) for a constant C (an fp16 value: QMAX 15, 127, 448, 57344) given RC = fl(1 / C):
+def div_by_const(x, C: tl.constexpr):
+    """div_rn(x, C) for a constant C (an fp16 value: QMAX 15, 127, 448, 57344), from RC = fl(1 / C):
     `div_by_scale` (its Markstein correction and NaN guard, 4 instructions, no branch) in place of
     `div_rn`'s ~9 and its slow path. Exact for normal quotients; a quotient below 2**-126 is within
     an ulp of the IEEE one and rounds to the same fp16 (0) where the dynamic scales round it. Checked
@@ -204,6 +204,8 @@ def div_by_const(x, C: tl.constexpr, RC: tl.constexpr):
     if _INTERPRET_C:
         v = tl.math.div_rn(x, C)
     else:
+        # 1 / C rounds to float32 in one step: no such C puts its float64 reciprocal on a float32 tie
+        RC: tl.constexpr = 1.0 / C
         v = div_by_scale(x, tl.full(x.shape, C, tl.float32), tl.full(x.shape, RC, tl.float32))
     return v
 
