@@ -336,10 +336,11 @@ def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -
 
 
 def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path: str | None = None,
-         configs=None, split_mults=(0.5, 1, 2)) -> list[dict]:
+         configs=None, split_mults=(0.5, 1, 2), layers: int = 1) -> list[dict]:
     """Every config of TUNE_CONFIGS (or the names in `configs`) on every (shape, format) at splits
     base * split_mults (base: the launcher's heuristic); each result is checked against the dot output. bf16 (dot,
-    default) is timed per shape as the baseline. Rows go to out_path after every config."""
+    default) is timed per shape as the baseline. Rows go to out_path after every config. layers > 1: each time
+    is that of one graph of `layers` calls, each on its own cache (as the table's "us / layer"), / layers."""
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
     t0 = time.time()
@@ -348,10 +349,27 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
         for fmt_name in ["bf16", *formats]:
             cases[(shape.name, fmt_name)] = (shape, *make_case(fmt_name, shape, device, gen))
     rows, ref_out, bf16_us = [], {}, {}
+
+    def timed(key, call) -> float:
+        """us of call(lc, meta, q) on the case of key; layers > 1: per call of a graph of `layers` (the
+        extra caches are made here and freed after)."""
+        shape, lc, meta, q = cases[key]
+        if layers <= 1:
+            return time_graph(lambda: call(lc, meta, q), rep_ms)
+        more = [make_case(key[1], shape, device, gen) for _ in range(layers - 1)]
+
+        def step():
+            call(lc, meta, q)
+            for c in more:
+                call(*c)
+
+        us = time_graph(step, rep_ms) / layers
+        torch.cuda.empty_cache()
+        return us
+
     for shape in shapes:
-        _, lc, meta, q = cases[(shape.name, "bf16")]
-        bf16_us[shape.name] = time_graph(lambda: decode_paged_attention(q, lc, meta, shape.head_dim ** -0.5,
-                                                                        variant="dot"), rep_ms)
+        bf16_us[shape.name] = timed((shape.name, "bf16"), lambda lc, meta, q, s=shape: decode_paged_attention(
+            q, lc, meta, s.head_dim ** -0.5, variant="dot"))
     for name, variant, cfg in [c for c in TUNE_CONFIGS if configs is None or c[0] in configs]:
         print(f"TUNE config {name} {cfg} at {time.time() - t0:.0f} s", flush=True)
         for shape in shapes:
@@ -369,7 +387,7 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
                 for splits in sorted({min(256, max(1, int(base * m))) if m else 0 for m in split_mults}):
                     row = {"shape": shape.name, "format": fmt_name, "config": name, "variant": variant,
                            **{k: v for k, v in cfg.items()}, "block_n": kw.get("block_n"), "splits": splits,
-                           "kv_bytes": kv_bytes(lc, shape), "bf16_us": bf16_us[shape.name]}
+                           "kv_bytes": kv_bytes(lc, shape), "bf16_us": bf16_us[shape.name], "layers": layers}
                     try:
                         fn = lambda: decode_paged_attention(q, lc, meta, scale, num_splits=splits or None,  # noqa: E731
                                                             variant=variant, **kw)
@@ -378,7 +396,8 @@ def tune(shapes, formats, device, rep_ms, gen, budget_s: float = 540.0, out_path
                         row["plan_variant"], row["plan_splits"] = plan.variant, plan.grid[2]
                         row["fused_merge"] = plan.merge_grid is None and plan.grid[2] > 1
                         row["max_diff_vs_dot"] = ((out - ref).abs() / (1 + ref.abs())).max().item()
-                        row["us"] = time_graph(fn, rep_ms)
+                        row["us"] = timed((shape.name, fmt_name), lambda lc_, meta_, q_: decode_paged_attention(
+                            q_, lc_, meta_, scale, num_splits=splits or None, variant=variant, **kw))
                     except Exception as e:  # a config that does not compile or launch: recorded
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                         print(f"  tune fail {shape.name} {fmt_name} {name} splits={splits}: {row['error'][:120]}",
@@ -537,6 +556,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true",
                     help="sweep variant (auto/dot/imma/frag) x tile x warps x stages x splits for the quantized formats instead")
     ap.add_argument("--tune-configs", default=None, help="--tune: comma-separated TUNE_CONFIGS names")
+    ap.add_argument("--tune-layers", type=int, default=1,
+                    help="--tune: time a graph of this many calls, each on its own cache, per call (as --layers)")
     ap.add_argument("--tune-splits", default="1,2", help="--tune: split multipliers of the heuristic (0.5,1,2; 0: the plan's own)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="--tune: stop after this many seconds")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names")
@@ -576,7 +597,8 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"--tune-configs: unknown {', '.join(sorted(unknown))}")
         rows = tune(shapes, tformats, device, args.rep_ms or 30, gen,
-                    args.budget_s, path, configs, [float(m) for m in args.tune_splits.split(",")])
+                    args.budget_s, path, configs, [float(m) for m in args.tune_splits.split(",")],
+                    args.tune_layers)
         summary = tune_summary(rows)
         with open(path, "w") as f:
             json.dump({"env": env, "rows": rows, "summary": summary}, f, indent=1)

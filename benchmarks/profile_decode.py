@@ -5,6 +5,9 @@
         python benchmarks/profile_decode.py --format int8 --shape llama8b-32x4096
 
 Each format runs twice (the first launch compiles); profile the second (--launch-skip 1).
+`--cases int8:llama8b-32x4096,bf16:smollm2-32x4096,...` runs several cases in one process, each once (the
+profiled launch is the one after its compile), in the order given (printed first): profile every launch of
+`-k regex:decode_kernel` and read the reports in that order.
 """
 
 from __future__ import annotations
@@ -25,14 +28,23 @@ def main() -> int:
     ap.add_argument("--format", default="int8")
     ap.add_argument("--shape", default="llama8b-32x4096")
     ap.add_argument("--variant", default=None)
+    ap.add_argument("--cases", default=None, help="format:shape,... each run once, in this order")
     args = ap.parse_args()
-    from kvpack.kernels.decode_attention import decode_paged_attention
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
-    shape = next(s for s in SHAPES if s.name == args.shape)
-    lc, meta, q = make_case(args.format, shape, torch.device("cuda"), torch.Generator().manual_seed(0))
-    for _ in range(2):
-        decode_paged_attention(q, lc, meta, shape.head_dim ** -0.5, variant=args.variant)
-    torch.cuda.synchronize()
+    cases = [c.split(":") for c in args.cases.split(",")] if args.cases else [(args.format, args.shape)]
+    for i, (fmt, name) in enumerate(cases):
+        shape = next(s for s in SHAPES if s.name == name)
+        lc, meta, q = make_case(fmt, shape, torch.device("cuda"), torch.Generator().manual_seed(0))
+        scale = shape.head_dim ** -0.5
+        plan = plan_decode(q, lc, meta, scale, variant=args.variant)
+        print(f"case {i}: {fmt} {name}: {plan.variant}, grid {plan.grid}, options {plan.options}, "
+              f"merge {'separate' if plan.merge_grid else 'fused or none'}", flush=True)
+        for _ in range(1 if args.cases else 2):
+            decode_paged_attention(q, lc, meta, scale, variant=args.variant)
+        torch.cuda.synchronize()
+        del lc, meta, q
+        torch.cuda.empty_cache()
     return 0
 
 
