@@ -331,7 +331,7 @@ def _tune_kwargs(variant: str, cfg: dict, shape: Shape, lc, dev: torch.device) -
     # the split count the launcher would pick for this tile (default_tile where cfg is silent)
     bn, nw, _ = default_tile(lc.k, lc.v, shape.head_dim)
     base = choose_num_splits(shape.batch, shape.hkv, shape.context, kw.get("block_n", bn), dev,
-                             kw.get("num_warps", nw), shape.head_dim)
+                             kw.get("num_warps", nw), shape.head_dim, not (lc.k.fmt.kind == lc.v.fmt.kind == "float"))
     return kw, base
 
 

@@ -77,7 +77,7 @@ def main() -> int:
                 for p in plans:
                     p.kernel[p.grid](*p.args, **p.options)
                     if merge and p.merge_grid is not None:
-                        _merge_kernel[p.merge_grid](*p.merge_args)
+                        _merge_kernel[p.merge_grid](*p.merge_args, **(p.merge_options or {}))
 
             row = {"format": fmt, "variant": variant, "grid": list(grid), "tiles": t, "context": shape.context,
                    "kv_bytes": kv_bytes(cases[0][0], shape), "separate_merge": plans[0].merge_grid is not None,

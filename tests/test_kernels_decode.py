@@ -318,6 +318,39 @@ def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name,variant", [("bfloat16", "dot"), ("int8", "imma"), ("int8", "frag"), ("int4", "fragt"),
+                                          ("fp8_e4m3", "dot"), ("fp8_e4m3", "frag")])
+def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
+    """The separate split merge as a programmatic dependent launch (`decode_plan.use_pdl`, sm_90+): the same
+    bits as a plain launch, eager and replayed from a CUDA graph (the merge waits for the decode grid)."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+    from kvpack.kernels.decode_plan import use_pdl
+
+    lens = [8192, 3001, 1, 4096]
+    q, lc, meta = build_case(name, name, lens, 32, 8, 128, 16, device="cuda")
+    scale = 128 ** -0.5
+    kw = dict(num_splits=16, variant=variant, merge="separate")
+    plan = plan_decode(q, lc, meta, scale, **kw)
+    assert plan.merge_grid is not None and plan.variant == variant
+    assert (plan.merge_options is not None) == use_pdl(q.device)
+    with_pdl = decode_paged_attention(q, lc, meta, scale, **kw)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            graphed = decode_paged_attention(q, lc, meta, scale, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    monkeypatch.setenv("KVPACK_DECODE_PDL", "0")
+    assert plan_decode(q, lc, meta, scale, **kw).merge_options is None
+    plain = decode_paged_attention(q, lc, meta, scale, **kw)
+    assert torch.equal(with_pdl, plain) and torch.equal(graphed, plain)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("Hq,Hkv", [(8, 8), (16, 1), (12, 4)])
 def test_decode_frag_gpu_group_sizes(Hq, Hkv):
     """GQA groups of 1, 16 and 3 (padded to the MMA's 16 rows) in the "frag" kernel."""
@@ -365,11 +398,12 @@ def test_frag_int4_scope(group_size, want, monkeypatch):
 
 @pytest.mark.parametrize("kinds", [("fp8_e4m3", "fp8_e5m2"), ("int8", "int8"), ("int8-static", "int8")])
 @pytest.mark.parametrize("lens,splits,long", [([4096] * 64, None, True), ([2048] * 2, 1, True),
-                                               ([32768], None, False), ([900], 1, False)])
+                                               ([32768], None, True), ([32768], 128, False), ([900], 1, False)])
 def test_auto_frag_on_long_splits(kinds, lens, splits, long, monkeypatch):
     """"auto" on 8-bit K and V: "frag" where a program covers >= FRAG_MIN_TOKENS tokens (few long
-    splits); on many short splits (measured slower there) and always in the interpreter, the
-    fallback: "imma" for int8 K, "dot" for FP8 K."""
+    splits), or >= RING_MIN_TOKENS with the cp.async ring (1 x 32768: 64 ring splits of 512); on many short
+    splits (measured slower there) and always in the interpreter, the fallback: "imma" for int8 K, "dot"
+    for FP8 K."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
@@ -386,12 +420,14 @@ def test_auto_frag_on_long_splits(kinds, lens, splits, long, monkeypatch):
 
 
 @pytest.mark.parametrize("batch,ctx,bs,want", [(32, 4096, 16, (2, 1)), (64, 2048, 16, (1, 1)), (8, 8192, 16, (8, 1)),
-                                                (128, 1024, 16, (1, 0)), (32, 4096, 8, (4, 0)), (1, 32768, 16, None),
+                                                (128, 1024, 16, (1, 0)), (32, 4096, 8, (4, 0)), (1, 32768, 16, (64, 1)),
+                                                (1, 8192, 16, None), (2, 16384, 16, (32, 1)),
                                                 (41, 8704, 16, (8, 1)), (47, 5414, 16, (5, 1)), (41, 2500, 16, (2, 1))])
 def test_frag_ring_plan(batch, ctx, bs, want, monkeypatch):
     """"auto" on int8 K and V, as planned for an H200 (132 SMs): the cp.async ring (PREFETCH 1) with
     about 4 programs per SM where the grid allows (`choose_ring_splits`), none with a larger grid or
-    8-token blocks (plain "frag", its own split rule), and no "frag" where its splits would be short.
+    8-token blocks (plain "frag", its own split rule), and no "frag" where its splits would be short
+    (< RING_MIN_TOKENS with the ring: 1 x 8192 would take 64 splits of 128 tokens).
     Long contexts (the KV-bound workload's 41 x 8704 bucket) cut splits of more than RING_LONG_SPLIT
     tokens into pieces of >= 1024 tokens (still "frag")."""
     import kvpack.kernels.decode_attention as da
@@ -413,6 +449,21 @@ def test_frag_ring_plan(batch, ctx, bs, want, monkeypatch):
     plan = da.plan_decode(q, lc, meta, 0.1)
     assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == 0
     assert plan.grid[2] == dp.choose_num_splits(batch, 8, ctx, 64, q.device, 1, 128)
+
+
+@pytest.mark.parametrize("name,want", [("bfloat16", 11), ("int8", 22), ("int4", 22), ("fp8_e4m3", 22)])
+def test_head_dim_64_splits(name, want, monkeypatch):
+    """SmolLM2's decode shape (32 sequences of 4096, 3 kv heads of 64), planned for an H200: the quantized
+    one-warp programs fill 16 an SM (22 splits), a 16-bit cache 8 (11 splits: 31.2 against 34.0 us a layer
+    at 22, session 21)."""
+    import kvpack.kernels.decode_attention as da
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.delenv("KVPACK_DECODE_VARIANT", raising=False)
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
+    q, lc, meta = build_case(name, name, [5] * 32, 9, 3, 64, 16)
+    meta = dataclasses.replace(meta, max_seq_len=4096)
+    assert da.plan_decode(q, lc, meta, 0.1).grid == (32, 3, want)
 
 
 def test_needs_idx64_reads_strides():

@@ -40,13 +40,14 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kvpack.attention.kv_cache import LayerKVCache
 from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
-    FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge, choose_num_splits,
-    choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters,
+    FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
+    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters, use_pdl,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -271,8 +272,10 @@ def _decode_kernel(
     IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
     ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
-    cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0,
+    cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
+    if PDL:  # the separate merge may launch now (it waits for this grid before reading: `use_pdl`)
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -458,11 +461,14 @@ def _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, 
 def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
                   SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                   vmean_ptr=None, GROUP: tl.constexpr = 1, ROT_HB: tl.constexpr = 1,
-                  ROT_NORM: tl.constexpr = 1.0, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False):
+                  ROT_NORM: tl.constexpr = 1.0, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     b = tl.program_id(0)
     hq = tl.program_id(1)
     q_row = tl.load(qsl_ptr + b)
     has_q = tl.load(qsl_ptr + b + 1) > q_row
+    if PDL:  # launched as a dependent of the decode kernel: its partials are complete past this point
+        gdc_wait()
     sp = tl.arange(0, SPLITS_PAD)
     smask = sp < num_splits
     ph = (b * HQ + hq).to(tl.int64) * num_splits + sp
@@ -562,10 +568,12 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         return cdiv(cdiv(max(metadata.max_seq_len, 1), splits), 64) * 64
 
     if variant == "frag?":  # "auto" on 8-bit K and V: "frag" with >= FRAG_MIN_TOKENS tokens per program
-        if num_splits is None and ring_splits and split_len(ring_splits) < FRAG_MIN_TOKENS:
+        # (RING_MIN_TOKENS with the ring)
+        if num_splits is None and ring_splits and split_len(ring_splits) < RING_MIN_TOKENS:
             ring_splits = None  # the ring's splits are short: the plain kernel's rule decides
         splits = num_splits or ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
-        variant = "frag" if split_len(splits) >= FRAG_MIN_TOKENS else fallback_variant(kp.fmt.kind)
+        least = RING_MIN_TOKENS if ring_splits and splits == ring_splits else FRAG_MIN_TOKENS
+        variant = "frag" if split_len(splits) >= least else fallback_variant(kp.fmt.kind)
     if variant in ("frag", "fragt"):  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
@@ -583,7 +591,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         num_warps = num_warps or warps
         num_stages = num_stages or stages
         if num_splits is None:
-            num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
+            num_splits = choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D,
+                                           not (kp.fmt.kind == vp.fmt.kind == "float"))
         if int4_default and choose_merge(num_splits, variant, merge):
             block_n = max(INT4_FUSED_TILE, block_size)  # int4 with the fused merge: 64-token tiles measured faster
     max_len = max(metadata.max_seq_len, 1)
@@ -648,14 +657,17 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
              variant == "imma"]
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
     args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
-    merge_grid = merge_args = None
+    merge_grid = merge_args = merge_options = None
     if num_splits > 1 and not fused:
         merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, next_pow2(num_splits)), D, d_pad]
         merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
+        if not INTERPRET and use_pdl(dev):
+            options["PDL"] = True
+            merge_options = {"PDL": True, "launch_pdl": True}
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,
-                      kp.fmt.rotate and not rot_q)
+                      kp.fmt.rotate and not rot_q, merge_options)
 
 
 def decode_paged_attention(
@@ -699,7 +711,7 @@ def decode_paged_attention(
         rotate_heads(q, torch.float32, out=plan.args[0])
     plan.kernel[plan.grid](*plan.args, **plan.options)
     if plan.merge_grid is not None:
-        _merge_kernel[plan.merge_grid](*plan.merge_args)
+        _merge_kernel[plan.merge_grid](*plan.merge_args, **(plan.merge_options or {}))
     if plan.post is not None:
         out = rotate_heads(out, q.dtype, *plan.post)
     return out

@@ -32,7 +32,10 @@ data between lanes.
   each lane reads its fragment bytes (`K_RING`, `V_RING`: the hand-over to `K_LOAD` / `V_LOAD` is
   again proven a register renaming); both sides are free of bank conflicts. Same operations on the
   same codes: the outputs equal PREFETCH = 0 bit for bit (gpu-marked test). The last, partial tile
-  still loads directly. Blocks of >= 16 tokens only (the scale copies need 4-byte alignment).
+  still loads directly. Blocks of >= 16 tokens only (the scale copies need 4-byte alignment). The first
+  copies go out before q's loads and split (session 21: the first KV request was the ~550th instruction,
+  behind three dependent global loads, and is now the ~190th; H200, `probe_fixed_cost.py`: the fixed cost
+  of a call, int8 9.5 -> 8.3 us, fp8_e4m3 10.1 -> 9.5).
 
 - int4 (session 16, only when asked for: variant="frag"): K and V codes are dequantized in registers
   (code * s + m, one fp16 fma per pair after an exact nibble -> fp16 conversion, `_ASM_INT4_DEQ`) and
@@ -190,6 +193,13 @@ fma.rn.f16x2 $1, a1, $6, $8;
 fma.rn.f16x2 $2, a2, $9, $11;
 fma.rn.f16x2 $3, a3, $10, $12;
 }""")
+
+
+@gluon.jit
+def _pdl_trigger():
+    """`griddepcontrol.launch_dependents` (sm_90+): the separate merge may launch (`decode_plan.use_pdl`)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -705,11 +715,13 @@ def _frag_decode_kernel(
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
-    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0,
+    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean only in
     the fused merge, else by `rotate_heads` or `_merge_kernel`); D == 128, BLOCK_N == 64."""
+    if PDL:  # the separate merge may launch now (it waits for this grid before reading)
+        _pdl_trigger()
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)
@@ -718,6 +730,26 @@ def _frag_decode_kernel(
     seq_len = gl.load(seq_lens_ptr + b) * has_q.to(gl.int32)
     start = split * tokens_per_split
     end = gl.minimum(seq_len, start + tokens_per_split)
+    bt_row = bt_ptr + b.to(gl.int64) * s_bt
+    full_end = start + gl.maximum(end - start, 0) // 64 * 64
+    ANY4: gl.constexpr = K_FMT == K_FMT_INT4 or V_FMT == K_FMT_INT4
+    RING: gl.constexpr = PREFETCH > 0 and not ANY4  # int4: PREFETCH is an L2 prefetch distance instead
+    L2PF: gl.constexpr = PREFETCH if ANY4 else 0
+    FIRST: gl.constexpr = 1 if RING else 0  # the ring takes the whole tiles
+    if RING:  # whole tiles through a cp.async ring of PREFETCH + 1 slots, PREFETCH tiles ahead; the first
+        # copies go out before q's loads and split (the KV bytes' latency then hides theirs: session 21)
+        NSLOT: gl.constexpr = PREFETCH + 1
+        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
+        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
+        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
+        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
+        n_full = (full_end - start) // 64
+        for t in gl.static_range(PREFETCH):
+            _frag_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, t,
+                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                        BLOCK_SIZE, K_STATIC, V_STATIC, IDX64)
+            async_copy.commit_group()
 
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
@@ -759,25 +791,7 @@ def _frag_decode_kernel(
     m_i = gl.full([16], -float("inf"), gl.float32, layout=ROWS)
     l_i = gl.full([16], 0.0, gl.float32, layout=ROWS)
     acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
-    bt_row = bt_ptr + b.to(gl.int64) * s_bt
-    full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    ANY4: gl.constexpr = K_FMT == K_FMT_INT4 or V_FMT == K_FMT_INT4
-    RING: gl.constexpr = PREFETCH > 0 and not ANY4  # int4: PREFETCH is an L2 prefetch distance instead
-    L2PF: gl.constexpr = PREFETCH if ANY4 else 0
-    FIRST: gl.constexpr = 1 if RING else 0  # the ring takes the whole tiles
-    if RING:  # whole tiles through a cp.async ring of PREFETCH + 1 slots, PREFETCH tiles ahead
-        NSLOT: gl.constexpr = PREFETCH + 1
-        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
-        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 8, 8, 128], RING_SMEM)
-        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
-        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 8], S_SMEM)
-        n_full = (full_end - start) // 64
-        for t in gl.static_range(PREFETCH):
-            _frag_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, t,
-                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                        BLOCK_SIZE, K_STATIC, V_STATIC, IDX64)
-            async_copy.commit_group()
+    if RING:
         for i in range(0, n_full):
             _frag_issue(start + (i + PREFETCH) * 64, i + PREFETCH < n_full, h, bt_row, kbuf, vbuf, ksbuf, vsbuf,
                         (i + PREFETCH) % NSLOT,
@@ -954,13 +968,15 @@ def _fragt_decode_kernel(
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
-    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0,
+    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
     L2 prefetch distance. Per 64-token tile it issues half the MMAs (32 + 32 m16n8k16 against 64 + 64) and
     keeps a quarter of the padded softmax work; the output accumulator is [128, 8] (32 registers a lane,
     against [16, 128]'s 64)."""
+    if PDL:  # the separate merge may launch now (it waits for this grid before reading)
+        _pdl_trigger()
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)

@@ -45,14 +45,16 @@ def _side_args(pool: CachePool) -> tuple[list, list]:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                      device: torch.device, num_warps: int = 4, head_dim: int = 128) -> int:
+                      device: torch.device, num_warps: int = 4, head_dim: int = 128, codes: bool = True) -> int:
     """Splits per sequence when num_seqs * Hkv programs do not fill the GPU. The programs that fit
-    at once (H200 tuning): 2 per SM with 4 warps, 8 with one warp (16 at head_dim <= 64). Splits
+    at once (H200 tuning): 2 per SM with 4 warps, 8 with one warp (16 at head_dim <= 64 for quantized
+    `codes`; a 16-bit cache keeps 8 there: SmolLM2's 32 x 4096, bf16, per layer 34.0 -> 31.2 us at 11 splits
+    instead of 22, while int8 took 24.6 against 32.5 at 22, session 21). Splits
     fill one such wave without starting a second (a 1.2-wave grid measured 15 % slower), or give
     at most ~1024 tokens per split, whichever is more, each split keeping >= 4 tiles."""
     work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
     per_sm = max(2, 8 // max(1, num_warps))
-    if num_warps == 1 and head_dim <= 64:
+    if num_warps == 1 and head_dim <= 64 and codes:
         per_sm = 16
     slots = per_sm * _sm_count(device)
     if work >= slots:
@@ -105,6 +107,23 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
         # 41 x 5.3k: int8 158 -> 154, fp8 208 -> 172 (4 splits: 145, 154)
         splits = max(splits, max_seq_len // RING_SPLIT_TOKENS)
     return max(1, min(splits, cdiv(max_seq_len, 4 * 64), 128))
+
+
+_PDL_OK: dict[int, bool] = {}
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether the separate split merge is launched as a programmatic dependent launch of its decode kernel
+    (sm_90+; environment KVPACK_DECODE_PDL=0 turns it off): the decode kernel lets it launch as the
+    decode's programs start (`griddepcontrol.launch_dependents`), its programs read the partials only after
+    `griddepcontrol.wait` (the decode grid complete, its writes visible), so the merge's launch latency
+    hides behind the decode kernel instead of following it."""
+    if device.type != "cuda" or os.environ.get("KVPACK_DECODE_PDL", "") == "0":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_OK:
+        _PDL_OK[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return _PDL_OK[idx]
 
 
 MERGES = ("auto", "fused", "separate")
@@ -160,6 +179,10 @@ FRAG_KINDS = ("int8", "fp8_e4m3", "fp8_e5m2")  # the 8-bit codes `decode_frag` r
 FRAG_INT4_MIN_GROUP = 16  # int4 in "frag" (asked for, not "auto"): a lane's 16 K bytes share one group
 FP8_KINDS = ("fp8_e4m3", "fp8_e5m2")
 FRAG_MIN_TOKENS = 1024  # "auto" runs "frag" at >= this many tokens per program (split)
+# ... and "frag" with its cp.async ring at >= this many (session 21, H200, per layer: 1 x 32768 at 64 ring splits
+# of 512 tokens, int8 28.6-28.8 us against "imma"'s 29.9 at 128 splits, fp8_e4m3 30.5-30.6 against "dot"'s
+# 32.4; 47 or 74 splits were slower: results/attention_s21)
+RING_MIN_TOKENS = 512
 
 
 def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
@@ -215,3 +238,4 @@ class DecodePlan:
     kernel: object = None  # the decode kernel (`_decode_kernel` or Gluon `_frag_decode_kernel`)
     variant: str = "dot"
     rotate_q: bool = False  # q @ R by `rotate_heads` into args[0] before the launch (else in the kernel, or none)
+    merge_options: dict | None = None  # `_merge_kernel`'s launch keywords (programmatic dependent launch)
