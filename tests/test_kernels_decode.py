@@ -321,10 +321,11 @@ def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
 @pytest.mark.parametrize("name,variant", [("bfloat16", "dot"), ("int8", "imma"), ("int8", "frag"), ("int4", "fragt"),
                                           ("fp8_e4m3", "dot"), ("fp8_e4m3", "frag")])
 def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
-    """The separate split merge as a programmatic dependent launch (`decode_plan.use_pdl`, sm_90+): the same
-    bits as a plain launch, eager and replayed from a CUDA graph (the merge waits for the decode grid)."""
+    """The separate split merge as a programmatic dependent launch (`decode_plan.use_pdl`, sm_90+, the
+    variants of `pdl_variant`): the same bits as a plain launch, eager and replayed from a CUDA graph (the
+    merge waits for the decode grid)."""
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
-    from kvpack.kernels.decode_plan import use_pdl
+    from kvpack.kernels.decode_plan import pdl_variant, use_pdl
 
     lens = [8192, 3001, 1, 4096]
     q, lc, meta = build_case(name, name, lens, 32, 8, 128, 16, device="cuda")
@@ -332,7 +333,8 @@ def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
     kw = dict(num_splits=16, variant=variant, merge="separate")
     plan = plan_decode(q, lc, meta, scale, **kw)
     assert plan.merge_grid is not None and plan.variant == variant
-    assert (plan.merge_options is not None) == use_pdl(q.device)
+    assert (plan.merge_options is not None) == (use_pdl(q.device) and pdl_variant(variant, lc.k.fmt.kind,
+                                                                                  lc.v.fmt.kind))
     with_pdl = decode_paged_attention(q, lc, meta, scale, **kw)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -47,7 +47,7 @@ from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
-    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters, use_pdl,
+    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters, pdl_variant, use_pdl,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -663,7 +663,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, next_pow2(num_splits)), D, d_pad]
         merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
-        if not INTERPRET and use_pdl(dev):
+        if not INTERPRET and pdl_variant(variant, kp.fmt.kind, vp.fmt.kind) and use_pdl(dev):
             options["PDL"] = True
             merge_options = {"PDL": True, "launch_pdl": True}
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,

@@ -112,12 +112,20 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
 _PDL_OK: dict[int, bool] = {}
 
 
+def pdl_variant(variant: str, k_kind: str, v_kind: str) -> bool:
+    """The decode kernels whose separate merge `use_pdl` launches early: measured on an H200 (session 21,
+    results/attention_s21, `probe_fixed_cost.py`, a call at 8 x 8192's grid, per layer) "frag" (int8 43.5
+    -> 42.6 us, fp8_e4m3 46.9 -> 46.1) and "dot" on 16-bit caches (bf16 69.2 -> 68.6); not "fragt" (int4
+    at 16 splits 73.1 -> 78.2 us: slower), nor the others (not measured)."""
+    return variant == "frag" or variant == "dot" and k_kind == v_kind == "float"
+
+
 def use_pdl(device: torch.device) -> bool:
     """Whether the separate split merge is launched as a programmatic dependent launch of its decode kernel
-    (sm_90+; environment KVPACK_DECODE_PDL=0 turns it off): the decode kernel lets it launch as the
-    decode's programs start (`griddepcontrol.launch_dependents`), its programs read the partials only after
-    `griddepcontrol.wait` (the decode grid complete, its writes visible), so the merge's launch latency
-    hides behind the decode kernel instead of following it."""
+    (sm_90+, the kernels of `pdl_variant`; environment KVPACK_DECODE_PDL=0 turns it off): the decode kernel
+    lets it launch as the decode's programs start (`griddepcontrol.launch_dependents`), its programs read
+    the partials only after `griddepcontrol.wait` (the decode grid complete, its writes visible), so the
+    merge's launch latency hides behind the decode kernel instead of following it."""
     if device.type != "cuda" or os.environ.get("KVPACK_DECODE_PDL", "") == "0":
         return False
     idx = device.index if device.index is not None else torch.cuda.current_device()
