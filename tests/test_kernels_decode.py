@@ -317,15 +317,29 @@ def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
     assert ((outs[1].float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
 
 
+def test_pdl_mode_setting(monkeypatch):
+    """KVPACK_DECODE_PDL: 0 | start | end, anything else named in the error; never off a CUDA device."""
+    from kvpack.config import ConfigError
+    from kvpack.kernels.decode_plan import pdl_mode
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setenv("KVPACK_DECODE_PDL", "sometimes")
+    with pytest.raises(ConfigError, match="KVPACK_DECODE_PDL='sometimes'"):
+        pdl_mode("frag", "int8", "int8", cuda)
+    assert pdl_mode("frag", "int8", "int8", torch.device("cpu")) == 0
+    monkeypatch.setenv("KVPACK_DECODE_PDL", "0")
+    assert pdl_mode("frag", "int8", "int8", cuda) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,variant", [("bfloat16", "dot"), ("int8", "imma"), ("int8", "frag"), ("int4", "fragt"),
                                           ("fp8_e4m3", "dot"), ("fp8_e4m3", "frag")])
 def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
-    """The separate split merge as a programmatic dependent launch (`decode_plan.use_pdl`, sm_90+, the
+    """The separate split merge as a programmatic dependent launch (`decode_plan.pdl_mode`, sm_90+, the
     variants of `pdl_variant`): the same bits as a plain launch, eager and replayed from a CUDA graph (the
     merge waits for the decode grid)."""
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
-    from kvpack.kernels.decode_plan import pdl_variant, use_pdl
+    from kvpack.kernels.decode_plan import pdl_mode
 
     lens = [8192, 3001, 1, 4096]
     q, lc, meta = build_case(name, name, lens, 32, 8, 128, 16, device="cuda")
@@ -333,8 +347,7 @@ def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
     kw = dict(num_splits=16, variant=variant, merge="separate")
     plan = plan_decode(q, lc, meta, scale, **kw)
     assert plan.merge_grid is not None and plan.variant == variant
-    assert (plan.merge_options is not None) == (use_pdl(q.device) and pdl_variant(variant, lc.k.fmt.kind,
-                                                                                  lc.v.fmt.kind))
+    assert (plan.merge_options is not None) == (pdl_mode(variant, lc.k.fmt.kind, lc.v.fmt.kind, q.device) > 0)
     with_pdl = decode_paged_attention(q, lc, meta, scale, **kw)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

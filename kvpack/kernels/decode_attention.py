@@ -47,7 +47,7 @@ from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
-    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters, pdl_variant, use_pdl,
+    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters, pdl_mode,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -272,9 +272,9 @@ def _decode_kernel(
     IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
     ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
-    cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0, PDL: tl.constexpr = False,
+    cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
-    if PDL:  # the separate merge may launch now (it waits for this grid before reading: `use_pdl`)
+    if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -358,6 +358,8 @@ def _decode_kernel(
         acc_a = acc_a * v_scale
         acc_b = acc_b * v_scale
 
+    if PDL == 2:  # the tiles are done: the separate merge may launch
+        gdc_launch_dependents()
     if V_FMT == K_FMT_INT4:
         c = tl.arange(0, HALF_PAD)
         cm = gm[:, None] & (c < HALF)[None, :]
@@ -663,8 +665,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, next_pow2(num_splits)), D, d_pad]
         merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
-        if not INTERPRET and pdl_variant(variant, kp.fmt.kind, vp.fmt.kind) and use_pdl(dev):
-            options["PDL"] = True
+        pdl = 0 if INTERPRET else pdl_mode(variant, kp.fmt.kind, vp.fmt.kind, dev)
+        if pdl:
+            options["PDL"] = pdl
             merge_options = {"PDL": True, "launch_pdl": True}
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,
                       kp.fmt.rotate and not rot_q, merge_options)

@@ -197,7 +197,7 @@ fma.rn.f16x2 $3, a3, $10, $12;
 
 @gluon.jit
 def _pdl_trigger():
-    """`griddepcontrol.launch_dependents` (sm_90+): the separate merge may launch (`decode_plan.use_pdl`)."""
+    """`griddepcontrol.launch_dependents` (sm_90+): the separate merge may launch (`decode_plan.pdl_mode`)."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
                               is_pure=False, pack=1)
 
@@ -715,12 +715,12 @@ def _frag_decode_kernel(
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
-    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = False,
+    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean only in
     the fused merge, else by `rotate_heads` or `_merge_kernel`); D == 128, BLOCK_N == 64."""
-    if PDL:  # the separate merge may launch now (it waits for this grid before reading)
+    if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         _pdl_trigger()
     b = gl.program_id(0)
     h = gl.program_id(1)
@@ -816,6 +816,8 @@ def _frag_decode_kernel(
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
                                        KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF)
+    if PDL == 2:  # the tiles are done: the separate merge may launch
+        _pdl_trigger()
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 
@@ -968,14 +970,14 @@ def _fragt_decode_kernel(
     IDX64: gl.constexpr = True, PREFETCH: gl.constexpr = 0,
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
-    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = False,
+    cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
     L2 prefetch distance. Per 64-token tile it issues half the MMAs (32 + 32 m16n8k16 against 64 + 64) and
     keeps a quarter of the padded softmax work; the output accumulator is [128, 8] (32 registers a lane,
     against [16, 128]'s 64)."""
-    if PDL:  # the separate merge may launch now (it waits for this grid before reading)
+    if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         _pdl_trigger()
     b = gl.program_id(0)
     h = gl.program_id(1)
@@ -1034,6 +1036,8 @@ def _fragt_decode_kernel(
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
                                              phase == 1, KI8)
+    if PDL == 2:  # the tiles are done: the separate merge may launch
+        _pdl_trigger()
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 

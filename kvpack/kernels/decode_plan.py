@@ -110,28 +110,37 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
 
 
 _PDL_OK: dict[int, bool] = {}
+PDL_MODES = {"0": 0, "start": 1, "end": 2}  # KVPACK_DECODE_PDL: off, trigger as the program starts / after its loop
 
 
 def pdl_variant(variant: str, k_kind: str, v_kind: str) -> bool:
-    """The decode kernels whose separate merge `use_pdl` launches early: measured on an H200 (session 21,
-    results/attention_s21, `probe_fixed_cost.py`, a call at 8 x 8192's grid, per layer) "frag" (int8 43.5
-    -> 42.6 us, fp8_e4m3 46.9 -> 46.1) and "dot" on 16-bit caches (bf16 69.2 -> 68.6); not "fragt" (int4
-    at 16 splits 73.1 -> 78.2 us: slower), nor the others (not measured)."""
+    """The decode kernels whose separate merge `pdl_mode` launches early by default: measured on an H200
+    (session 21, results/attention_s21, `probe_fixed_cost.py`, a call at 8 x 8192's grid, per layer) "frag"
+    (int8 43.5 -> 42.6 us, fp8_e4m3 46.9 -> 46.1) and "dot" on 16-bit caches (bf16 69.2 -> 68.6); not
+    "fragt" (int4 at 16 splits 73.1 -> 78.2 us with the trigger at its start: slower), nor the others
+    (not measured)."""
     return variant == "frag" or variant == "dot" and k_kind == v_kind == "float"
 
 
-def use_pdl(device: torch.device) -> bool:
-    """Whether the separate split merge is launched as a programmatic dependent launch of its decode kernel
-    (sm_90+, the kernels of `pdl_variant`; environment KVPACK_DECODE_PDL=0 turns it off): the decode kernel
-    lets it launch as the decode's programs start (`griddepcontrol.launch_dependents`), its programs read
-    the partials only after `griddepcontrol.wait` (the decode grid complete, its writes visible), so the
-    merge's launch latency hides behind the decode kernel instead of following it."""
-    if device.type != "cuda" or os.environ.get("KVPACK_DECODE_PDL", "") == "0":
-        return False
+def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device) -> int:
+    """Whether (and where) the separate split merge is launched as a programmatic dependent launch of its
+    decode kernel (sm_90+): 0 not; 1 the decode kernel executes `griddepcontrol.launch_dependents` as each
+    program starts, 2 after its loop over the tiles. The merge's programs read the partials only after
+    `griddepcontrol.wait` (the decode grid complete, its writes visible), so the merge's launch latency hides
+    behind the decode kernel instead of following it. Default: 1 for `pdl_variant`'s kernels, else 0; the
+    environment variable KVPACK_DECODE_PDL = 0 | start | end sets it for every kernel (experiments)."""
+    if device.type != "cuda":
+        return 0
+    env = os.environ.get("KVPACK_DECODE_PDL", "")
+    if env and env not in PDL_MODES:
+        raise ConfigError(f"KVPACK_DECODE_PDL={env!r} is not one of " + ", ".join(PDL_MODES))
+    mode = PDL_MODES[env] if env else (1 if pdl_variant(variant, k_kind, v_kind) else 0)
+    if mode == 0:
+        return 0
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _PDL_OK:
         _PDL_OK[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return _PDL_OK[idx]
+    return mode if _PDL_OK[idx] else 0
 
 
 MERGES = ("auto", "fused", "separate")
