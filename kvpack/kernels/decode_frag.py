@@ -435,20 +435,14 @@ def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr):
     16 j + 8 h + 2 t + e); see the module doc."""
     if QK8:
         k = gl.reshape(kc, [8, 8, 4, 4, 2, 4])  # i nl t j h e
-        if AS_A:
-            out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP8,
-                                    assert_trivial=True)
-        else:
-            out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [128, 64]), B_OP8,
-                                    assert_trivial=True)
     else:
         k = gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2])  # i nl t j h e
-        if AS_A:
-            out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP,
-                                    assert_trivial=True)
-        else:
-            out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [128, 64]), B_OP,
-                                    assert_trivial=True)
+    if AS_A:
+        out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP8 if QK8 else A_OP,
+                                assert_trivial=True)
+    else:
+        out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [128, 64]), B_OP8 if QK8 else B_OP,
+                                assert_trivial=True)
     return out
 
 
