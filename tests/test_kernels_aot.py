@@ -330,6 +330,46 @@ def test_hopper_write_uses_fp8_instructions():
     assert found == {"fp8_e4m3": ["cvt.rn.satfinite.e4m3"], "fp8_e5m2-static": ["cvt.rn.satfinite.e5m2"]}, found
 
 
+def hopper_fp8_decode_ptx() -> dict:
+    """PTX of the "frag" decode (cp.async ring) on e4m3 K and V (and on e5m2) planned as on an sm >= 89 GPU
+    (`decode_plan.hw_fp8_decode` true: factor 1, the conversion instruction) and compiled for sm_90:
+    {format: sorted FP8 conversion instructions}."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import _runtime as gr
+
+    import kvpack.kernels.decode_attention as da
+    from kvpack.attention import AttentionMetadata, LayerKVCache
+    from tests.test_kernels_write import make_pool
+
+    da.hw_fp8_decode = lambda device: True
+    meta = AttentionMetadata.build([1, 1], [1300, 9], [list(range(82)), [3]], 16)
+    found = {}
+    for name in ("fp8_e4m3", "fp8_e5m2"):
+        lc = LayerKVCache(make_pool(name, 128, 90, 8, 16, "cpu"), make_pool(name, 128, 90, 8, 16, "cpu"))
+        q = torch.randn(2, 32, 128, dtype=torch.bfloat16)
+        plan = da.plan_decode(q, lc, meta, 0.1, num_splits=2, variant="frag", merge="separate", prefetch=1)
+        assert plan.variant == "frag", plan.variant
+        sig, consts, attrs = signature(plan.kernel, plan.args)
+        ck = triton.compile(gr.GluonASTSource(plan.kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                            options=plan.options)
+        found[name] = sorted(set(m.group(0) for m in FP8_CVT.finditer(ck.asm["ptx"])))
+    return found
+
+
+def test_hopper_decode_uses_fp8_instructions():
+    """On sm >= 89 "frag" decodes e4m3 with the conversion instruction (one per two codes; the gpu-marked
+    test_decode_hw_fp8_gpu checks its outputs equal the software decode's bit for bit), e5m2 keeps its one
+    byte move; Ampere builds keep the software decode (test_no_hardware_fp8_conversions)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "hopper-fp8-decode"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == {"fp8_e4m3": ["cvt.rn.f16x2.e4m3"], "fp8_e5m2": []}, found
+
+
 SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "LDL", "STL", "FADD", "FFMA", "FMUL", "PRMT", "LOP3", "I2F")
 
 
@@ -462,6 +502,8 @@ if __name__ == "__main__":
     mode = sys.argv[1:]
     if mode == ["hopper-fp8-write"]:
         print(json.dumps(hopper_fp8_write_ptx()))
+    elif mode == ["hopper-fp8-decode"]:
+        print(json.dumps(hopper_fp8_decode_ptx()))
     elif mode == ["workspace-sass"]:
         print(json.dumps(workspace_sass()))
     elif mode == ["write-sass"]:

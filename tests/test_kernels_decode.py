@@ -365,6 +365,62 @@ def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
     assert torch.equal(with_pdl, plain) and torch.equal(graphed, plain)
 
 
+def test_hw_fp8_decode_setting(monkeypatch):
+    """The Gluon kernels decode e4m3 with the conversion instruction (the plan's factor 1 instead of 256) only
+    where `hw_fp8_decode` says so: CUDA devices of sm >= 89 unless KVPACK_SOFT_FP8_DECODE=1; CPU plans (the
+    AOT builds for Ampere) keep the software decode; the Triton variants and e5m2 are never touched."""
+    import kvpack.kernels.decode_attention as da
+    from kvpack.kernels.decode_plan import hw_fp8_decode
+
+    assert not hw_fp8_decode(torch.device("cpu"))
+    monkeypatch.setenv("KVPACK_SOFT_FP8_DECODE", "1")
+    assert not hw_fp8_decode(torch.device("cuda", 0))  # (decided before any device query)
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
+    q, lc, meta = build_case("fp8_e4m3", "fp8_e5m2", [300, 9], 32, 8, 128, 16)
+
+    def factors(variant):
+        plan = da.plan_decode(q, lc, meta, 0.1, variant=variant, num_splits=2)
+        names = plan.kernel.arg_names
+        return plan.variant, plan.args[names.index("K_FACTOR")], plan.args[names.index("V_FACTOR")]
+
+    assert factors("frag") == ("frag", 256.0, 1.0)
+    monkeypatch.setattr(da, "hw_fp8_decode", lambda device: True)
+    assert factors("frag") == ("frag", 1.0, 1.0)
+    assert factors("fragt") == ("fragt", 1.0, 1.0)
+    assert factors("dot") == ("dot", 256.0, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,variant,splits,prefetch", [
+    ("fp8_e4m3", "fp8_e4m3", "frag", 8, None), ("fp8_e4m3", "fp8_e4m3", "frag", 3, 0),
+    ("fp8_e4m3", "fp8_e4m3", "frag", 1, 0), ("fp8_e4m3-static", "fp8_e4m3-static", "frag", 8, None),
+    ("int8", "fp8_e4m3", "frag", 8, None), ("fp8_e4m3", "fp8_e5m2", "frag", 4, 0),
+    ("fp8_e4m3", "fp8_e4m3", "fragt", 3, 0), ("fp8_e4m3", "int8", "fragt", 1, 0)])
+def test_decode_hw_fp8_gpu(k_name, v_name, variant, splits, prefetch, monkeypatch):
+    """e4m3 decoded by the conversion instruction (sm >= 89, factor 1: `decode_plan.hw_fp8_decode`) gives the
+    same bits as the software decode (factor 256: both exact, and the factors are powers of two), with the
+    ring, direct loads, one split and "fragt"; and it is what the plan chose."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 conversion instruction before sm_89")
+    q, lc, meta = build_case(k_name, v_name, [4099, 1, 777, 2048], 32, 8, 128, 16, device="cuda")
+    scale = 128 ** -0.5
+    kw = dict(num_splits=splits, variant=variant, prefetch=prefetch)
+    plan = plan_decode(q, lc, meta, scale, **kw)
+    names = plan.kernel.arg_names
+    assert plan.variant == variant
+    assert plan.args[names.index("K_FACTOR")] == plan.args[names.index("V_FACTOR")] == 1.0  # e4m3's too
+    hw = decode_paged_attention(q, lc, meta, scale, **kw)
+    monkeypatch.setenv("KVPACK_SOFT_FP8_DECODE", "1")
+    assert plan_decode(q, lc, meta, scale, **kw).args[names.index("K_FACTOR")] == (
+        256.0 if k_name.startswith("fp8_e4m3") else 1.0)
+    soft = decode_paged_attention(q, lc, meta, scale, **kw)
+    assert torch.equal(hw, soft)
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    assert ((hw.float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("Hq,Hkv", [(8, 8), (16, 1), (12, 4)])
 def test_decode_frag_gpu_group_sizes(Hq, Hkv):

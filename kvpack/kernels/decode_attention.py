@@ -47,7 +47,8 @@ from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
-    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, merge_chunk, merge_counters, pdl_mode,
+    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, merge_chunk, merge_counters,
+    pdl_mode,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -638,6 +639,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
     k_t, k_c = _side_args(kp)
     v_t, v_c = _side_args(vp)
+    if variant in ("frag", "fragt") and hw_fp8_decode(dev):  # e4m3 by the conversion instruction: factor 1
+        for kind, consts in ((kp.fmt.kind, k_c), (vp.fmt.kind, v_c)):
+            if kind == "fp8_e4m3":
+                consts[4] = 1.0
     if num_splits > 1:
         po = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=dev)
         pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)

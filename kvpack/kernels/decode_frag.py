@@ -98,7 +98,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from kvpack.kernels.quant import K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, int8_to_f16, prefetch_l2, split_q_int8
+from kvpack.kernels.quant import (
+    K_FMT_FP8E4M3, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2, split_q_int8,
+)
 
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
 A_OP = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -203,10 +205,13 @@ def _pdl_trigger():
 
 
 @gluon.jit
-def _to_f16(c, FMT: gl.constexpr):
-    """8-bit codes -> float16 (int8: the value; e4m3: value / 256; e5m2: the value), PTX byte moves."""
+def _to_f16(c, FMT: gl.constexpr, FACTOR: gl.constexpr):
+    """8-bit codes -> float16 (int8: the value; e4m3: value / FACTOR; e5m2: the value), PTX byte moves; e4m3
+    with FACTOR 1 (sm >= 89: `decode_plan.hw_fp8_decode`) by the conversion instruction."""
     if FMT == K_FMT_INT8:
         out = int8_to_f16(c)
+    elif FMT == K_FMT_FP8E4M3 and FACTOR == 1.0:
+        out = fp8_decode_f16_hw(c)
     else:
         out = fp8_decode_f16(c, FMT)
     return out
@@ -428,7 +433,7 @@ def _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED: gl.cons
 
 
 @gluon.jit
-def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr):
+def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr, K_FACTOR: gl.constexpr):
     """`_k8_load`'s codes [i 8, nl 8, t 4, b 32] as the B operand [128, 64] of q @ K^T (AS_A: the A operand
     [64, 128] of K @ q^T, "fragt"): int8 codes as they are for int8 MMAs (QK8; byte 32 t + 8 j + 4 h + e of a
     token is channel 32 j + 16 h + 4 t + e), else float16 (`_to_f16`; byte 32 t + 4 j + 2 h + e is channel
@@ -436,7 +441,7 @@ def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr):
     if QK8:
         k = gl.reshape(kc, [8, 8, 4, 4, 2, 4])  # i nl t j h e
     else:
-        k = gl.reshape(_to_f16(kc, K_FMT), [8, 8, 4, 8, 2, 2])  # i nl t j h e
+        k = gl.reshape(_to_f16(kc, K_FMT, K_FACTOR), [8, 8, 4, 8, 2, 2])  # i nl t j h e
     if AS_A:
         out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP8 if QK8 else A_OP,
                                 assert_trivial=True)
@@ -447,10 +452,10 @@ def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr):
 
 
 @gluon.jit
-def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr):
+def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.constexpr):
     """`_v8_load`'s codes as float16, the B operand [64, 128] of P @ V (AS_A: the A operand [128, 64] of
     V^T @ P^T); output channel 8 m + nl of the operand is channel 16 nl + m (module doc)."""
-    v = gl.reshape(gl.permute(gl.reshape(_to_f16(vc, V_FMT), [64, 8, 16]), [0, 2, 1]), [64, 128])  # token, m, nl
+    v = gl.reshape(gl.permute(gl.reshape(_to_f16(vc, V_FMT, V_FACTOR), [64, 8, 16]), [0, 2, 1]), [64, 128])  # token, m, nl
     return _v_operand(v, AS_A)
 
 
@@ -492,7 +497,8 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr,
                RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0,
-               kz_ptr=None, vz_ptr=None, K_G: gl.constexpr = 32, V_G: gl.constexpr = 32, L2PF: gl.constexpr = 0):
+               kz_ptr=None, vz_ptr=None, K_G: gl.constexpr = 32, V_G: gl.constexpr = 32, L2PF: gl.constexpr = 0,
+               K_FACTOR: gl.constexpr = 256.0):  # K_FACTOR: the e4m3 decode's (`_to_f16`)
     """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot"). QK8 (int8
     K): q, q_lo are q's int8 parts, q_s its per-row step times the softmax scale, and the codes feed
     int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16 (int4:
@@ -518,11 +524,11 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     if KI4:
         s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
     elif QK8:
-        k = _k8_operand(kc, K_FMT, True, False)
+        k = _k8_operand(kc, K_FMT, True, False, K_FACTOR)
         si = mma_v2(q, k, gl.full([16, 64], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(q_lo, k, si).to(gl.float32)
     else:
-        s = mma_v2(q, _k8_operand(kc, K_FMT, False, False), gl.full([16, 64], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(q, _k8_operand(kc, K_FMT, False, False, K_FACTOR), gl.full([16, 64], 0.0, gl.float32, layout=MMA))
     # per-token vectors (K and V scales, masks) in the scores' column layout, built as [8 groups, 8]
     # (the group values move by register renaming, before any stride multiplies: the strides'
     # divisibility, which the load vectorization needs, survives)
@@ -564,7 +570,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     else:
         vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
     if not VI4:
-        v = _v8_operand(vc, V_FMT, False)
+        v = _v8_operand(vc, V_FMT, False, V_FACTOR)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
         vsc = _tile_scales(vsbuf, slot, vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED, RING)
         vmax = gl.max(vsc, axis=0)
@@ -799,7 +805,8 @@ def _frag_decode_kernel(
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False,
-                                       KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT, kz_ptr, vz_ptr, K_G, V_G)
+                                       KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT, kz_ptr, vz_ptr, K_G, V_G,
+                                       K_FACTOR=K_FACTOR)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
@@ -809,7 +816,7 @@ def _frag_decode_kernel(
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
-                                       KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF)
+                                       KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF, K_FACTOR)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         _pdl_trigger()
     if V_STATIC:
@@ -896,7 +903,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                  BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
-                 IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr):
+                 IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
@@ -911,11 +918,11 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), T_ROWS, assert_trivial=True)
     # ---- scores S^T [64, 8] ----
     if QK8:
-        k = _k8_operand(kc, K_FMT, True, True)
+        k = _k8_operand(kc, K_FMT, True, True, K_FACTOR)
         si = mma_v2(k, q, gl.full([64, 8], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(k, q_lo, si).to(gl.float32)
     else:
-        s = mma_v2(_k8_operand(kc, K_FMT, False, True), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(_k8_operand(kc, K_FMT, False, True, K_FACTOR), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     if not K_STATIC:
         ks = _t_row_vec(ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED)
         if QK8:  # the softmax scale is in q_s
@@ -936,7 +943,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=0)
     # ---- O^T [128, 8] += V^T @ P^T (row 8 m + nl: output channel 16 nl + m) ----
-    v = _v8_operand(vc, V_FMT, True)
+    v = _v8_operand(vc, V_FMT, True, V_FACTOR)
     if not V_STATIC:  # the per-token V scale folds into p, normalised by the tile's largest (as in "frag")
         vsc = _t_row_vec(vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED)
         vmax = gl.max(vsc, axis=0)
@@ -1029,7 +1036,7 @@ def _fragt_decode_kernel(
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8)
+                                             phase == 1, KI8, K_FACTOR)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         _pdl_trigger()
     if V_STATIC:

@@ -109,6 +109,21 @@ def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, devic
     return max(1, min(splits, cdiv(max_seq_len, 4 * 64), 128))
 
 
+_HW_FP8: dict[int, bool] = {}
+
+
+def hw_fp8_decode(device: torch.device) -> bool:
+    """Whether the Gluon decode kernels ("frag", "fragt") decode e4m3 codes with the sm >= 89 conversion
+    instruction (one per two codes, against three integer operations; the codes' values exactly, so the plan
+    passes the factor 1 instead of 256: the outputs are the same bits) rather than in software (Ampere, CPU
+    plans, or KVPACK_SOFT_FP8_DECODE=1)."""
+    if device.type != "cuda" or os.environ.get("KVPACK_SOFT_FP8_DECODE", "0") == "1":
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _HW_FP8:
+        _HW_FP8[idx] = torch.cuda.get_device_capability(idx) >= (8, 9)
+    return _HW_FP8[idx]
+
 _PDL_OK: dict[int, bool] = {}
 PDL_MODES = {"0": 0, "start": 1, "end": 2}  # KVPACK_DECODE_PDL: off, trigger as the program starts / after its loop
 

@@ -411,6 +411,17 @@ and.b32 $0, u0, 0xBF80BF80;
 and.b32 $1, u1, 0xBF80BF80;
 }""")
 
+# sm >= 89 (decode kernels planned with factor 1 for e4m3, `decode_plan.hw_fp8_decode`): the conversion
+# instruction, two codes a 16-bit half of the input (the first in the low byte) to an fp16 pair, the value
+# itself (e4m3's range and subnormals are fp16 normals: exact), NaN codes NaN. 1 instruction per two codes
+# against the 3 integer ones of _ASM_E4M3_F16 (e5m2's byte move is already one).
+_ASM_E4M3_F16_HW = tl.constexpr("""{
+.reg .b16 l, h;
+mov.b32 {l, h}, $2;
+cvt.rn.f16x2.e4m3x2 $0, l;
+cvt.rn.f16x2.e4m3x2 $1, h;
+}""")
+
 
 @triton.jit
 def prefetch_l2(ptrs):
@@ -483,6 +494,12 @@ def fp8_decode_f16(code, FMT: tl.constexpr):
         out = tl.inline_asm_elementwise(_ASM_E5M2_F16, "=r,=r,r", [code], dtype=tl.float16, is_pure=False, pack=4)
     return out
 
+
+@triton.jit
+def fp8_decode_f16_hw(code):
+    """uint8 e4m3 codes -> float16 values (not / 256), by the sm >= 89 conversion instruction (compile only
+    for such targets; exact, as `fp8_decode_f16` times 256, except that NaN codes stay NaN)."""
+    return tl.inline_asm_elementwise(_ASM_E4M3_F16_HW, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
 
 @triton.jit
 def fp8_f16_factor(FMT: tl.constexpr):
