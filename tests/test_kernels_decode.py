@@ -639,7 +639,8 @@ def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
                                                     ("frag", "int8", "fp8_e4m3")])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("gluon_rot", [True, False])
-def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, monkeypatch):
+@pytest.mark.parametrize("one_split", [True, False])
+def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, one_split, monkeypatch):
     """"fragt" rotates q as it loads it and, with one split, forms out @ R + V mean in its epilogue
     (`decode_frag._q_rot`, `_store_out_rot`; session 19): no `rotate_heads` around it, the output in q's
     dtype. "frag" rotates q itself only with split-K and 8-bit codes (its one-split epilogue measured slower,
@@ -649,13 +650,14 @@ def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, mo
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
     monkeypatch.setattr(da, "GLUON_ROT_Q", gluon_rot)
+    monkeypatch.setattr(da, "FRAG_ROT_ONE_SPLIT", one_split)
     q, lc, meta = build_case(k_name, v_name, [300, 9], 32, 8, 128, 16)
     lc = dataclasses.replace(lc, v_mean=torch.zeros(8, 128))
     plan = da.plan_decode(q, lc, meta, 0.1, num_splits=splits, variant=variant, merge="separate")
     assert plan.variant == variant
     arg = lambda name: plan.args[plan.kernel.arg_names.index(name)]  # noqa: E731
-    # "frag": split-K and 8-bit codes only (measured; with int4 the rotation made it spill)
-    in_kernel = gluon_rot and (variant == "fragt" or splits > 1 and "int4" not in (k_name, v_name))
+    # "frag": 8-bit codes only (with int4 the rotation made it spill), with one split where FRAG_ROT_ONE_SPLIT
+    in_kernel = gluon_rot and (variant == "fragt" or (splits > 1 or one_split) and "int4" not in (k_name, v_name))
     assert arg("ROT_Q") == (in_kernel and lc.k.fmt.rotate)
     assert plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
     in_epilogue = in_kernel and splits == 1
@@ -671,7 +673,8 @@ def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, mo
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("means", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, monkeypatch):
+@pytest.mark.parametrize("one_split", [True, False])
+def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, one_split, monkeypatch):
     """q @ R in the Gluon kernels' prologue and out @ R + V mean in "fragt"'s one-split epilogue (session 19)
     against the reference, and against the same kernels with both rotations by `rotate_heads`
     (GLUON_ROT_Q off): both within the reference tolerance (bf16: test_decode_bf16's)."""
@@ -682,10 +685,11 @@ def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, monke
     scale = 128 ** -0.5
     ref = reference.paged_attention(q, lc, meta, scale).float()
     tol = 1e-2 if dtype == torch.bfloat16 else ATOL
+    monkeypatch.setattr(da, "FRAG_ROT_ONE_SPLIT", one_split)
     for on in (True, False):
         monkeypatch.setattr(da, "GLUON_ROT_Q", on)
         plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant)
-        in_kernel = on and (variant == "fragt" or splits > 1 and "int4" not in (k_name, v_name))
+        in_kernel = on and (variant == "fragt" or (splits > 1 or one_split) and "int4" not in (k_name, v_name))
         assert plan.variant == variant and plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
         out = da.decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant=variant)
         assert out.dtype == dtype

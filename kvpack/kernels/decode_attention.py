@@ -64,6 +64,9 @@ _LOG2E = 1.4426950408889634
 # the Gluon kernels ("frag", "fragt") rotate q themselves (session 19); KVPACK_GLUON_ROT_Q=0 puts it back in
 # `rotate_heads` before the launch (for measuring), read once at import
 GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
+# ... and "frag" with one split too (q @ R, and out @ R + V mean in its epilogue) when True (`plan_decode`);
+# KVPACK_FRAG_ROT_ONE_SPLIT=0 / 1 sets it for measuring, read once at import
+FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "0") == "1"
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -615,7 +618,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # always (H200, int4: 0.5-5 % faster at every shape of bench_attention), "frag" only with split-K (FP8: 4-6 %
     # faster at 8 x 8192 and 32 x 4096; with one split, 3-7 % slower at 64 x 2048 and 128 x 1024; not with int4
     # on either side, where the rotation made its sm_90 code spill, 55-69 STL / LDL, against none)
-    gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and num_splits > 1 and not int4)
+    gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and not int4
+                                               and (num_splits > 1 or FRAG_ROT_ONE_SPLIT))
     rot_q = kp.fmt.rotate and (in_kernel_ok(kp.fmt.kind) or gluon_rot)
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     v_mean = None if post is None or post[1] is None else \
