@@ -660,9 +660,11 @@ def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, on
     in_kernel = gluon_rot and (variant == "fragt" or (splits > 1 or one_split) and "int4" not in (k_name, v_name))
     assert arg("ROT_Q") == (in_kernel and lc.k.fmt.rotate)
     assert plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
-    in_epilogue = in_kernel and splits == 1
+    in_epilogue = in_kernel and splits == 1 and variant == "fragt"
+    in_merge = splits > 1 or in_kernel and variant == "frag"  # ("frag" with one split: its output as a partial)
     assert (arg("ROT_OUT"), arg("OUT_MEAN")) == ((lc.v.fmt.rotate, True) if in_epilogue else (False, False))
-    assert (plan.post is None) == (in_epilogue or splits > 1)  # else out @ R + mean by `rotate_heads`
+    assert arg("SPLIT") == in_merge and (plan.merge_grid is not None) == in_merge
+    assert (plan.post is None) == (in_epilogue or in_merge)  # else out @ R + mean by `rotate_heads`
     assert plan.out.dtype == (q.dtype if plan.post is None else torch.float32)
 
 

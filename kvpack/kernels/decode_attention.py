@@ -64,8 +64,8 @@ _LOG2E = 1.4426950408889634
 # the Gluon kernels ("frag", "fragt") rotate q themselves (session 19); KVPACK_GLUON_ROT_Q=0 puts it back in
 # `rotate_heads` before the launch (for measuring), read once at import
 GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
-# ... and "frag" with one split too (q @ R, and out @ R + V mean in its epilogue) when True (`plan_decode`);
-# KVPACK_FRAG_ROT_ONE_SPLIT=0 / 1 sets it for measuring, read once at import
+# ... and "frag" with one split too when True (q @ R in the kernel, out @ R + V mean in the merge kernel:
+# `plan_decode`); KVPACK_FRAG_ROT_ONE_SPLIT=0 / 1 sets it for measuring, read once at import
 FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "0") == "1"
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
@@ -628,8 +628,14 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     fused = choose_merge(num_splits, variant, merge)
     cnt = merge_counters(dev, B * Hkv) if fused else None
     fused = cnt is not None
-    in_merge = post is not None and num_splits > 1
-    in_kernel = post is not None and (num_splits == 1 and (in_kernel_ok(vp.fmt.kind) or gluon_rot) or fused)
+    # "frag" rotating with one split (FRAG_ROT_ONE_SPLIT): q @ R in the kernel, which stores its output as a
+    # split's partial, and out @ R + V mean in `_merge_kernel` (a dependent launch), not `rotate_heads` before
+    # and after (its epilogue doing them measured slower, session 19, and spilled in the loop, session 22)
+    one_split_merge = gluon_rot and variant == "frag" and num_splits == 1 and post is not None
+    split_out = num_splits > 1 or one_split_merge
+    in_merge = post is not None and split_out
+    in_kernel = post is not None and (num_splits == 1 and not one_split_merge
+                                      and (in_kernel_ok(vp.fmt.kind) or gluon_rot) or fused)
     rot_args = [False, False]  # (out @ R, + V mean) in the kernel's epilogue or the merge
     if in_merge or in_kernel:
         assert v_mean is None or v_mean.shape == (Hkv, D), (v_mean.shape, Hkv, D)
@@ -647,7 +653,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         for kind, consts in ((kp.fmt.kind, k_c), (vp.fmt.kind, v_c)):
             if kind == "fp8_e4m3":
                 consts[4] = 1.0
-    if num_splits > 1:
+    if split_out:
         po = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=dev)
         pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)
     else:
@@ -661,7 +667,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
     half_pad = next_pow2(max(D // 2, 1))
     group_pad = max(16, next_pow2(group))
-    args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, num_splits > 1,
+    args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, split_out,
              *k_c, *v_c, INTERPRET, fast_cvt,
              _needs_idx64(kp, vp) if index64 is None else index64,
              0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
@@ -669,7 +675,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
     args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
     merge_grid = merge_args = merge_options = None
-    if num_splits > 1 and not fused:
+    if split_out and not fused:
         merge_grid = (B, Hq)
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, next_pow2(num_splits)), D, d_pad]
