@@ -643,8 +643,9 @@ def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
 def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, one_split, monkeypatch):
     """"fragt" rotates q as it loads it and, with one split, forms out @ R + V mean in its epilogue
     (`decode_frag._q_rot`, `_store_out_rot`; session 19): no `rotate_heads` around it, the output in q's
-    dtype. "frag" rotates q itself only with split-K and 8-bit codes (its one-split epilogue measured slower,
-    and with int4 its code spilled). KVPACK_GLUON_ROT_Q=0
+    dtype. "frag" rotates q itself with 8-bit codes only (with int4 its code spilled), and leaves out @ R + V mean
+    to the merge kernel: with split-K, and with one split where FRAG_ROT_ONE_SPLIT (session 22; it stores its
+    output as a split's partial), else to `rotate_heads`. KVPACK_GLUON_ROT_Q=0
     (`GLUON_ROT_Q`) puts both back in `rotate_heads`."""
     import kvpack.kernels.decode_attention as da
 

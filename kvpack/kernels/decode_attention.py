@@ -64,9 +64,10 @@ _LOG2E = 1.4426950408889634
 # the Gluon kernels ("frag", "fragt") rotate q themselves (session 19); KVPACK_GLUON_ROT_Q=0 puts it back in
 # `rotate_heads` before the launch (for measuring), read once at import
 GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
-# ... and "frag" with one split too when True (q @ R in the kernel, out @ R + V mean in the merge kernel:
-# `plan_decode`); KVPACK_FRAG_ROT_ONE_SPLIT=0 / 1 sets it for measuring, read once at import
-FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "0") == "1"
+# ... and "frag" with one split too (q @ R in the kernel, out @ R + V mean in the merge kernel: `plan_decode`;
+# session 22, H200, per layer: fp8 at 64 x 2048 79.0 -> 75.8 us, 128 x 1024 84.8 -> 82.3-83.5, against
+# `rotate_heads` before and after); KVPACK_FRAG_ROT_ONE_SPLIT=0 puts them back there (measuring), read at import
+FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -614,9 +615,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         return variant not in ("frag", "fragt") and (D == d_pad or kind != "int4")
 
     # the Gluon kernels rotate q as they load it (one 128-wide block: `decode_frag._q_rot`) and, with one
-    # split, form out @ R + V mean in their epilogue (`decode_frag._store_out_rot`), since session 19: "fragt"
-    # always (H200, int4: 0.5-5 % faster at every shape of bench_attention), "frag" only with split-K (FP8: 4-6 %
-    # faster at 8 x 8192 and 32 x 4096; with one split, 3-7 % slower at 64 x 2048 and 128 x 1024; not with int4
+    # split, "fragt" forms out @ R + V mean in its epilogue (`decode_frag._store_out_rot`), since session 19: "fragt"
+    # always (H200, int4: 0.5-5 % faster at every shape of bench_attention), "frag" with split-K (FP8: 4-6 %
+    # faster at 8 x 8192 and 32 x 4096; in its one-split epilogue 3-7 % slower at 64 x 2048 and 128 x 1024, so
+    # with one split the merge kernel rotates its output since session 22: FRAG_ROT_ONE_SPLIT; not with int4
     # on either side, where the rotation made its sm_90 code spill, 55-69 STL / LDL, against none)
     gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and not int4
                                                and (num_splits > 1 or FRAG_ROT_ONE_SPLIT))
