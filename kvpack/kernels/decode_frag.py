@@ -90,7 +90,11 @@ data between lanes.
   (`_store_out_rot`). That saves `rotate_heads`' launches (1.9-4.8 us a call on the H200). Measured per
   layer (bench_attention, results/attention_s19/rot): int4 "fragt" 0.5-5 % faster at every shape, FP8 "frag"
   4-6 % faster at 8 x 8192 and 32 x 4096 (split-K) and 3-7 % slower at 64 x 2048 and 128 x 1024 (one split,
-  both rotations in the kernel), so "frag" leaves one-split rotations to `rotate_heads`.
+  both rotations in the kernel). Since session 22 "frag" with one split rotates q in the kernel and stores its
+  output as a split's partial, and `_merge_kernel` (a dependent launch) forms out @ R + V mean, instead of
+  `rotate_heads` before and after (`decode_attention.FRAG_ROT_ONE_SPLIT`; in its own epilogue the rotation made
+  the loop spill, 22 STL / 22 LDL a tile): FP8 per layer 79.0 -> 75.8 us at 64 x 2048, 84.8 -> 82.3-83.5 at
+  128 x 1024 (results/attention_s22).
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
 tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
