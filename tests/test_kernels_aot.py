@@ -317,16 +317,21 @@ def hopper_fp8_write_ptx() -> dict:
     return found
 
 
+def aot_subprocess(mode: str, timeout: int = 600):
+    """`python -m tests.test_kernels_aot <mode>` in a fresh process (no interpreter: it compiles for the GPU
+    targets), its last line's JSON."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", mode], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
 def test_hopper_write_uses_fp8_instructions():
     """On sm >= 89 the cache write encodes FP8 with the conversion instruction (its codes are
     checked against the reference by the gpu-marked write tests); Ampere builds keep the software
     encoder (test_no_hardware_fp8_conversions)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "hopper-fp8-write"], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = aot_subprocess("hopper-fp8-write")
     assert found == {"fp8_e4m3": ["cvt.rn.satfinite.e4m3"], "fp8_e5m2-static": ["cvt.rn.satfinite.e5m2"]}, found
 
 
@@ -361,12 +366,7 @@ def test_hopper_decode_uses_fp8_instructions():
     """On sm >= 89 "frag" decodes e4m3 with the conversion instruction (one per two codes; the gpu-marked
     test_decode_hw_fp8_gpu checks its outputs equal the software decode's bit for bit), e5m2 keeps its one
     byte move; Ampere builds keep the software decode (test_no_hardware_fp8_conversions)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", "hopper-fp8-decode"], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = aot_subprocess("hopper-fp8-decode", timeout=900)
     assert found == {"fp8_e4m3": ["cvt.rn.f16x2.e4m3"], "fp8_e5m2": []}, found
 
 
@@ -424,12 +424,7 @@ def sass_in_subprocess(mode: str):
 
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")):
         pytest.skip("this Triton ships no nvdisasm")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "tests.test_kernels_aot", mode], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return aot_subprocess(mode)
 
 
 def test_workspace_unrotation_stays_in_registers():
