@@ -274,12 +274,13 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     (`convert_layout(..., assert_trivial=True)` fails the compile otherwise). With int8 K, q's two
     int8 parts move once per program from a blocked layout to the MMA operand through shared memory
     (at most 16 x 128 bytes; one 64-token tile staged would need >= 8 KB); so does q rotated in the kernel
-    (rotated 8-bit formats with split-K, session 19: 1 KB at sm_80)."""
+    (rotated 8-bit formats, the FP8 ones here: with split-K since session 19, with one split too since session 22
+    (`FRAG_ROT_ONE_SPLIT`): 1 KB at sm_80)."""
     frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
     dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1/auto"]
     assert len(frag) == 28, [r["variant"] for r in frag]
-    for r in frag:  # int8 q parts, or q @ R (8-bit codes with split-K: "splits2")
-        staged_q = "/int8" in r["variant"] or "/splits2/" in r["variant"]
+    for r in frag:  # int8 q parts, or q @ R (rotated 8-bit codes: FP8, or any with split-K: "splits2")
+        staged_q = "/int8" in r["variant"] or "/fp8" in r["variant"] or "/splits2/" in r["variant"]
         assert r["shared"] <= (2048 if staged_q else 0), (r["variant"], r["shared"])
     assert any(r["shared"] == 0 for r in frag)  # (the bound is not always 2048)
     ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)

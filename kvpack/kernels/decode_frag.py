@@ -29,7 +29,7 @@ data between lanes.
   instruction (`cvt.rn.f16x2.e4m3x2`, one per two codes, their values exactly) instead of three integer
   operations per two (value / 256), and the plan passes the factor 1 instead of 256 (power-of-two factors:
   the same output bits, gpu-marked test). sm_90 SASS of the ring's loop: 1755 -> 1242 instructions a tile.
-  H200, per layer (results/attention_s22): fp8_e4m3 0.90-0.93x its time (32 x 4096 80.9 -> 73.5 us), level
+  H200, per layer (results/attention_s22): fp8_e4m3 0.90-0.92x its time (32 x 4096 80.9 -> 73.5 us), level
   with fp8_e5m2, whose byte move is already one instruction. Ampere builds keep the software decode.
 
 - PREFETCH > 0 (session 9): the whole tiles are copied PREFETCH tiles ahead with cp.async (Ampere's
