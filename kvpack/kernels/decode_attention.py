@@ -649,12 +649,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     out_dtype = torch.float32 if post is not None else q.dtype
     alloc = torch.empty if T == B else torch.zeros
     out = alloc((T, Hq, D), dtype=out_dtype, device=dev)
-    k_t, k_c = _side_args(kp)
-    v_t, v_c = _side_args(vp)
-    if variant in ("frag", "fragt") and hw_fp8_decode(dev):  # e4m3 by the conversion instruction: factor 1
-        for kind, consts in ((kp.fmt.kind, k_c), (vp.fmt.kind, v_c)):
-            if kind == "fp8_e4m3":
-                consts[4] = 1.0
+    hw_fp8 = variant in ("frag", "fragt") and hw_fp8_decode(dev)  # the Gluon kernels only
+    k_t, k_c = _side_args(kp, hw_fp8)
+    v_t, v_c = _side_args(vp, hw_fp8)
     if split_out:
         po = torch.empty((B, Hq, num_splits, D), dtype=torch.float32, device=dev)
         pml = torch.empty((B, Hq, num_splits, 2), dtype=torch.float32, device=dev)

@@ -28,8 +28,9 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-def _side_args(pool: CachePool) -> tuple[list, list]:
-    """(tensor/stride args, constexpr args) for one pool."""
+def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
+    """(tensor/stride args, constexpr args) for one pool. hw_fp8: the kernel decodes e4m3 with the conversion
+    instruction (the value itself, factor 1: `hw_fp8_decode`), else in software (value / 256)."""
     fmt = pool.fmt
     codes = pool.codes
     scales = pool.scales if pool.scales is not None else codes
@@ -37,7 +38,7 @@ def _side_args(pool: CachePool) -> tuple[list, list]:
     static = pool.static_scale if pool.static_scale is not None else codes
     half = fmt.head_dim // 2
     aligned = fmt.kind == "int4" and half & (half - 1) == 0 and half % fmt.group_size == 0
-    factor = 256.0 if fmt.kind == "fp8_e4m3" else 1.0
+    factor = 256.0 if fmt.kind == "fp8_e4m3" and not hw_fp8 else 1.0
     dot_dt = _TL_DTYPES[codes.dtype] if fmt.kind == "float" else tl.float16
     tensors = [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
     consts = [fmt.kernel_id, fmt.scale_mode == "static", fmt.group_size, aligned, factor, dot_dt]
