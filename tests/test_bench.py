@@ -25,6 +25,10 @@ _spec = importlib.util.spec_from_file_location(
     "summarize_step_log", os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "summarize_step_log.py"))
 summarize_step_log = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(summarize_step_log)
+_spec = importlib.util.spec_from_file_location(
+    "plot_kv_budget", os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "plot_kv_budget.py"))
+plot_kv_budget = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plot_kv_budget)
 
 
 def _run(capsys, argv):
@@ -188,6 +192,44 @@ def test_throughput_repeats(tmp_path, capsys):
     assert r["input_tokens"] == n_in and r["all_blocks_free"] is True and payload["config"]["repeats"] == 3
     rc, _, err = _run(capsys, argv[:-2] + ["--repeats", "0"])
     assert rc == 2 and "--repeats" in err
+
+
+def test_kv_budget_table(tmp_path, capsys):
+    """benchmarks/plot_kv_budget.py over `bench throughput` JSONs at two budgets: each format's ratio is
+    its output tok/s and KV tokens over bf16's at the same budget and workload, as the JSONs hold them;
+    the int4 group comes from the command; a budget without bf16 gets no ratio."""
+    runs = tmp_path / "runs"
+    for budget in ("40KiB", "80KiB"):  # tiny-llama: 1 KiB of bf16 KV a token, so 40 / 80 tokens
+        argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+                "--num-prompts", "4", "--input-len", "10:14", "--output-len", "3", "--kv-cache-memory", budget,
+                "--kv-cache-dtype", "bfloat16,int8,int4", "--int4-group-size", "64", "--warmup-requests", "0",
+                "--output-json", str(runs / f"{budget}.json")]
+        assert _run(capsys, argv)[0] == 0
+    argv[argv.index("80KiB")] = "120KiB"  # int8 alone at a third budget
+    argv[argv.index("bfloat16,int8,int4")] = "int8"
+    argv[-1] = str(runs / "120KiB_int8.json")
+    assert _run(capsys, argv)[0] == 0
+    (runs / "cut.json").write_text("{")  # a run cut by its cap may leave a broken file: skipped
+    out = tmp_path / "out"
+    assert plot_kv_budget.main([str(runs), "--out", str(out)]) == 0
+    rows = json.loads((out / "kv_budget.json").read_text())
+    assert [(r["budget_gib"] * 2**30 / 1024, r["format"]) for r in rows] == [
+        (40, "bfloat16"), (40, "int8"), (40, "int4 g64"), (80, "bfloat16"), (80, "int8"), (80, "int4 g64"),
+        (120, "int8")]
+    for budget in ("40KiB", "80KiB"):
+        res = {r["kv_cache_dtype"]: r for r in json.loads((runs / f"{budget}.json").read_text())["results"]}
+        mine = [r for r in rows if r["file"] == f"{budget}.json"]
+        for r, fmt in zip(mine, ("bfloat16", "int8", "int4")):
+            assert r["output_tok_s"] == res[fmt]["output_tok_s"]
+            assert r["output_vs_bf16"] == pytest.approx(res[fmt]["output_tok_s"] / res["bfloat16"]["output_tok_s"])
+            assert r["capacity_vs_bf16"] == pytest.approx(res[fmt]["kv_cache_tokens"] / res["bfloat16"]["kv_cache_tokens"])
+        assert mine[2]["capacity_vs_bf16"] > mine[1]["capacity_vs_bf16"] > 1  # a few blocks: rounding moves them
+    assert rows[-1]["output_vs_bf16"] is None and rows[-1]["capacity_vs_bf16"] is None
+    md = (out / "kv_budget.md").read_text()
+    assert md.count("\n") == 2 + len(rows) and "| 40 KiB | int4 g64 |" in md and "| 120 KiB | int8 |" in md
+    assert md.splitlines()[-1].count("-") >= 3  # int8 alone at 120 KiB: no ratios
+    assert (out / "kv_budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_kv_budget.main([str(tmp_path / "none")]) == 1
 
 
 def test_engine_tables():

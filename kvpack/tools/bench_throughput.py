@@ -303,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
                 "config": {"model": args.model, "num_prompts": args.num_prompts, "input_len": str(args.input_len),
                            "output_len": str(args.output_len), "dataset": args.dataset,
                            "kv_cache_memory": args.kv_cache_memory, "num_blocks": args.num_blocks,
+                           "int4_group_size": args.int4_group_size,
                            "gpu_memory_utilization": args.gpu_memory_utilization,
                            "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
                            "enforce_eager": args.enforce_eager, "dtype": args.dtype, "repeats": args.repeats,
