@@ -26,6 +26,10 @@ _spec = importlib.util.spec_from_file_location(
 summarize_step_log = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(summarize_step_log)
 _spec = importlib.util.spec_from_file_location(
+    "simulate_schedule", os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "simulate_schedule.py"))
+simulate_schedule = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(simulate_schedule)
+_spec = importlib.util.spec_from_file_location(
     "plot_kv_budget", os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "plot_kv_budget.py"))
 plot_kv_budget = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plot_kv_budget)
@@ -230,6 +234,36 @@ def test_kv_budget_table(tmp_path, capsys):
     assert md.splitlines()[-1].count("-") >= 3  # int8 alone at 120 KiB: no ratios
     assert (out / "kv_budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_kv_budget.main([str(tmp_path / "none")]) == 1
+
+
+def test_simulate_schedule_matches_engine(tmp_path, capsys):
+    """benchmarks/simulate_schedule.py against the engine on the same seeded workload (synchronous
+    scheduling, as the simulation schedules): the same steps, preemptions and computed tokens (the step
+    log's sum); with room for everything, the hand count: no preemption, nothing recomputed."""
+    wl = random_prompts(6, LenRange(30, 32), LenRange(4, 6), 512, seed=3)
+    for blocks in (8, 12):
+        argv = ["bench", "throughput", "--model", "tiny-llama", "--dtype", "float32", "--device", "cpu",
+                "--num-prompts", "6", "--input-len", "30:32", "--output-len", "4:6", "--num-blocks", str(blocks),
+                "--kv-cache-dtype", "bfloat16", "--warmup-requests", "0", "--seed", "3", "--no-async-scheduling",
+                "--output-json", str(tmp_path / "tp.json"), "--step-log", str(tmp_path / f"s{blocks}")]
+        assert _run(capsys, argv)[0] == 0
+        r = json.loads((tmp_path / "tp.json").read_text())["results"][0]
+        sim = simulate_schedule.simulate(wl, blocks, 16, max_num_seqs=64, max_num_batched_tokens=2048)
+        assert (sim["steps"], sim["preemptions"]) == (r["steps"], r["preemptions"]) and sim["preemptions"] > 0
+        lines = (tmp_path / f"s{blocks}_bfloat16.tsv").read_text().splitlines()
+        col = lines[0].split("\t").index("computed")
+        assert sim["computed_tokens"] == sum(int(float(x.split("\t")[col])) for x in lines[1:])
+        assert sim["recomputed_tokens"] == sim["computed_tokens"] - sum(len(p) + o - 1 for p, o in wl) > 0
+    wl = [([1] * 10, 3)] * 4  # 4 prompts in one step (each samples its first token), then 2 decode steps of 4
+    assert simulate_schedule.simulate(wl, 100) == {
+        "steps": 3, "decode_steps": 2, "mean_decode_batch": 4.0, "preemptions": 0, "computed_tokens": 48,
+        "recomputed_tokens": 0, "recomputed_vs_prompts": 0.0}
+    with pytest.raises(RuntimeError, match="cannot hold one request"):
+        simulate_schedule.simulate([([1] * 40, 3)], 2)
+    assert simulate_schedule.main(["--kv-cache-memory", "1GiB", "--num-prompts", "8",
+                                   "--kv-cache-dtype", "bfloat16,int8", "--json", str(tmp_path / "sim.json")]) == 0
+    rows = json.loads((tmp_path / "sim.json").read_text())
+    assert [r["kv_cache_dtype"] for r in rows] == ["bfloat16", "int8"] and rows[1]["tokens"] > 1.9 * rows[0]["tokens"]
 
 
 def test_engine_tables():
