@@ -387,3 +387,31 @@ def test_triton_compile_log_listener():
     s = log.summary()
     assert s["count"] == 2 and s["cache_hits"] == 1 and abs(s["seconds"] - 2.0) < 1e-9
     assert s["by_kernel"] == {"_decode_kernel": [2, 2.0]}
+    assert [d["kernel"] for d in s["specializations"]] == ["_decode_kernel"] * 2 and s["specializations"][0]["seconds"] == 1.5
+
+
+def test_triton_compile_log_names_the_specialization():
+    """A compile's record names its constexprs and specialized arguments (what a warm-up must launch),
+    from a real Triton 3.6 source object; a source without them gives no details."""
+    import triton
+    import triton.language as tl
+    from triton.compiler.compiler import ASTSource
+
+    from kvpack.tools.bench_common import TritonCompileLog, specialization
+
+    @triton.jit
+    def kern(x_ptr, n, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr = False):
+        pass
+
+    src = ASTSource(kern, {"x_ptr": "*fp32", "n": "i32", "SPLITS_PAD": "constexpr", "PDL": "constexpr"},
+                    constexprs={"SPLITS_PAD": 16, "PDL": True}, attrs={(1,): [["tt.divisibility", 16]]})
+    assert specialization(src) == {"constexprs": {"SPLITS_PAD": 16, "PDL": True},
+                                   "specialized": {"n": "[['tt.divisibility', 16]]"},
+                                   "types": {"x_ptr": "*fp32", "n": "i32"}}
+    assert specialization(None) == {}
+    with TritonCompileLog() as log:
+        from triton import knobs
+        knobs.compilation.listener(src=src, metadata={"name": "kern"}, metadata_group={}, times=None, cache_hit=False)
+    (d,) = log.summary()["specializations"]
+    assert d["kernel"] == "kern" and d["constexprs"] == {"SPLITS_PAD": 16, "PDL": True}
+    json.dumps(log.summary())  # the benchmark writes it as JSON

@@ -302,12 +302,16 @@ def mean(xs: Iterable[float]) -> float | None:
 class TritonCompileLog:
     """Triton compilations while the block runs (`triton.knobs.compilation.listener`): JIT compiles
     in the middle of a timed run are time the benchmark would charge to the workload. `summary()`:
-    {"count", "seconds", "by_kernel": {name: [count, seconds]}} of the compiles that missed Triton's
-    cache (hits load a binary: counted as "cache_hits"). Nothing is recorded where the listener is not
-    available (an older Triton) or nothing compiles (the CPU interpreter)."""
+    {"count", "seconds", "by_kernel": {name: [count, seconds]}, "specializations": [...]} of the
+    compiles that missed Triton's cache (hits load a binary: counted as "cache_hits"). Each
+    specialization names the kernel, its seconds, its constexpr values and the arguments Triton
+    specialized (`specialization`): what a warm-up must launch to compile it before the timed run.
+    Nothing is recorded where the listener is not available (an older Triton) or nothing compiles (the
+    CPU interpreter)."""
 
     def __init__(self) -> None:
         self.misses: list[tuple[str, float]] = []
+        self.details: list[dict[str, Any]] = []
         self.hits = 0
         self._knobs = None
         self._prev = None
@@ -317,7 +321,9 @@ class TritonCompileLog:
             self.hits += 1
             return
         name = (metadata or {}).get("name") or getattr(getattr(src, "fn", None), "__name__", "?")
-        self.misses.append((str(name), getattr(times, "total", 0) / 1e6))
+        sec = getattr(times, "total", 0) / 1e6
+        self.misses.append((str(name), sec))
+        self.details.append({"kernel": str(name), "seconds": sec, **specialization(src)})
 
     def __enter__(self) -> "TritonCompileLog":
         try:
@@ -341,7 +347,30 @@ class TritonCompileLog:
             e[0] += 1
             e[1] += sec
         return {"count": len(self.misses), "seconds": sum(s for _, s in self.misses), "cache_hits": self.hits,
-                "by_kernel": by}
+                "by_kernel": by, "specializations": self.details}
+
+
+def specialization(src: Any) -> dict[str, Any]:
+    """A compiled source's specialization by argument name (Triton 3.6's `ASTSource`: `constants`
+    keyed by argument index paths, `attrs` such as 16-divisibility, `signature` types): {"constexprs":
+    {name: value}, "specialized": {name: attributes}, "types": {name: type}} with values as text
+    where JSON has no type for them; {} for a source without them."""
+    fn = getattr(src, "fn", None)
+    names = list(getattr(fn, "arg_names", None) or [])
+    if not names:
+        return {}
+
+    def arg(path: Any) -> str:
+        i = path[0] if isinstance(path, tuple) and path else path
+        return names[i] if isinstance(i, int) and 0 <= i < len(names) else str(path)
+
+    def plain(v: Any) -> Any:
+        return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+    consts = {arg(k): plain(v) for k, v in (getattr(src, "constants", None) or {}).items()}
+    spec = {arg(k): plain(v) for k, v in (getattr(src, "attrs", None) or {}).items()}
+    types = {str(k): plain(v) for k, v in (getattr(src, "signature", None) or {}).items() if v != "constexpr"}
+    return {"constexprs": consts, "specialized": spec, "types": types}
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
