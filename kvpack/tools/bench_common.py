@@ -310,8 +310,7 @@ class TritonCompileLog:
     CPU interpreter)."""
 
     def __init__(self) -> None:
-        self.misses: list[tuple[str, float]] = []
-        self.details: list[dict[str, Any]] = []
+        self.details: list[dict[str, Any]] = []  # one per cache miss: kernel, seconds, specialization
         self.hits = 0
         self._knobs = None
         self._prev = None
@@ -321,9 +320,11 @@ class TritonCompileLog:
             self.hits += 1
             return
         name = (metadata or {}).get("name") or getattr(getattr(src, "fn", None), "__name__", "?")
-        sec = getattr(times, "total", 0) / 1e6
-        self.misses.append((str(name), sec))
-        self.details.append({"kernel": str(name), "seconds": sec, **specialization(src)})
+        self.details.append({"kernel": str(name), "seconds": getattr(times, "total", 0) / 1e6, **specialization(src)})
+
+    @property
+    def misses(self) -> list[tuple[str, float]]:
+        return [(d["kernel"], d["seconds"]) for d in self.details]
 
     def __enter__(self) -> "TritonCompileLog":
         try:
@@ -342,11 +343,12 @@ class TritonCompileLog:
 
     def summary(self) -> dict[str, Any]:
         by: dict[str, list] = {}
-        for name, sec in self.misses:
+        misses = self.misses
+        for name, sec in misses:
             e = by.setdefault(name, [0, 0.0])
             e[0] += 1
             e[1] += sec
-        return {"count": len(self.misses), "seconds": sum(s for _, s in self.misses), "cache_hits": self.hits,
+        return {"count": len(misses), "seconds": sum(s for _, s in misses), "cache_hits": self.hits,
                 "by_kernel": by, "specializations": self.details}
 
 
