@@ -10,6 +10,7 @@
 #
 # A run: BUDGET:IN:OUT:FORMAT:CAP_SECONDS[:INT4_GROUP]; IN:OUT = U:U is the issue's mixed workload
 # (inputs uniform in 2048..8192, outputs in 256..512). Knobs: MODEL (dummy:llama-3.1-8b), REQUESTS (256),
+# WATERMARK (the engine's admission watermark, default 0.01; set, it tags the files _wm<value>),
 # TAR=1 packs everything into $OUT/all.tgz (the device returns at most a few files a call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +31,12 @@ fi
 T0=$(date +%s)
 for spec in "$@"; do
   IFS=: read -r budget in out fmt cap group <<< "$spec"
-  tag=${budget}_${in}_${out}_${fmt}${group:+_g$group}
+  tag=${budget}_${in}_${out}_${fmt}${group:+_g$group}${WATERMARK:+_wm$WATERMARK}
   [ "$in" = U ] && in=2048:8192 && out=256:512
   s=$(date +%s)
   timeout --signal=INT --kill-after=10 "$cap" python -m kvpack bench throughput --model "$MODEL" --dtype bfloat16 \
     --num-prompts "$REQUESTS" --input-len "$in" --output-len "$out" --kv-cache-memory "$budget" \
-    --kv-cache-dtype "$fmt" ${group:+--int4-group-size "$group"} \
+    --kv-cache-dtype "$fmt" ${group:+--int4-group-size "$group"} ${WATERMARK:+--watermark "$WATERMARK"} \
     --output-json "$OUT/$tag.json" --step-log "$OUT/steps_$tag" > "$OUT/$tag.log" 2>&1
   echo "$tag rc=$? $(( $(date +%s) - s ))s (total $(( $(date +%s) - T0 ))s)"
   tr '\r' '\n' < "$OUT/$tag.log" | grep -E "output tok/s,|GPU KV cache size" | tail -2

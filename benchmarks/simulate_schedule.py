@@ -37,11 +37,12 @@ from kvpack.tools.bench_common import (  # noqa: E402
 
 
 def simulate(workload: list[tuple[list[int], int]], num_blocks: int, block_size: int = 16,
-             max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> dict:
+             max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, watermark: float = 0.01) -> dict:
     """Schedule `workload` ((prompt ids, output length) pairs) to the end in a pool of `num_blocks`."""
     max_model_len = max(len(p) + o for p, o in workload)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len), BlockManager(num_blocks, block_size))
+                                      max_model_len=max_model_len, watermark=watermark),
+                      BlockManager(num_blocks, block_size))
     for i, (prompt, out) in enumerate(workload):
         sched.add(Sequence(str(i), prompt, SamplingParams(max_tokens=out, ignore_eos=True)))
     steps = computed = decode_steps = decode_rows = 0
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=parse_len_range, default=LenRange(128, 128))
     p.add_argument("--max-num-seqs", type=int, default=256, help="the engine's CUDA default")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the engine's CUDA default")
+    p.add_argument("--watermark", type=float, default=0.01, help="the engine's default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
@@ -87,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
                          int4_group_size=args.int4_group_size)
     rows = []
     for cap in caps:
-        r = simulate(workload, cap["blocks"], args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+        r = simulate(workload, cap["blocks"], args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                     args.watermark)
         rows.append({"kv_cache_dtype": cap["kv_cache_dtype"], "tokens": cap["tokens"], **r})
     print(f"{args.model}, {args.num_prompts} requests of {args.input_len} in / {args.output_len} out, "
-          f"{args.kv_cache_memory / 2**30:g} GiB of KV")
+          f"{args.kv_cache_memory / 2**30:g} GiB of KV, watermark {args.watermark:g}")
     print(format_table(rows, [("kv_cache_dtype", "format", ""), ("tokens", "KV tokens", ",d"), ("steps", "steps", ",d"),
                               ("decode_steps", "decode steps", ",d"), ("mean_decode_batch", "mean decode batch", ".1f"),
                               ("preemptions", "preemptions", ",d"), ("recomputed_tokens", "recomputed tokens", ",d"),

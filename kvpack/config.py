@@ -201,8 +201,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
+    # Fraction of the KV blocks a new request must leave free when admitted (room for the running
+    # sequences to grow before one is preempted).
+    watermark: float = 0.01
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"--watermark must be in [0, 1), got {self.watermark}")
         if self.max_num_seqs <= 0:
             raise ConfigError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:

@@ -107,24 +107,25 @@ class BlockManager:
         """Tokens of `seq` that the prefix cache would serve now (no side effects)."""
         return len(self._lookup_prefix(seq)[0]) * self.block_size
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: Sequence, reserve: int = 0) -> bool:
         hits, _ = self._lookup_prefix(seq)
-        return self._fits(seq, hits)
+        return self._fits(seq, hits, reserve)
 
-    def _fits(self, seq: Sequence, hits: list[int]) -> bool:
+    def _fits(self, seq: Sequence, hits: list[int], reserve: int) -> bool:
         # A hit on a free (cached) block still takes it off the free queue.
         in_use_hits = sum(1 for b in hits if self.blocks[b].ref_count > 0)
-        return self.blocks_needed(len(seq)) - in_use_hits <= len(self.free_queue)
+        return self.blocks_needed(len(seq)) - in_use_hits + reserve <= len(self.free_queue)
 
-    def allocate(self, seq: Sequence) -> bool:
-        """Give `seq` (with an empty block table) blocks for all its tokens; False if they do not fit.
+    def allocate(self, seq: Sequence, reserve: int = 0) -> bool:
+        """Give `seq` (with an empty block table) blocks for all its tokens; False if they do not fit
+        with `reserve` blocks still free after them.
 
         Leading full blocks found in the prefix cache are shared, and `seq.num_computed_tokens`
         (= `seq.num_cached_tokens`) skips them.
         """
         assert not seq.block_table, f"{seq} already holds blocks"
         hits, hashes = self._lookup_prefix(seq)
-        if not self._fits(seq, hits):
+        if not self._fits(seq, hits, reserve):
             return False
         for block_id in hits:
             self._take(block_id)

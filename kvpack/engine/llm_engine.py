@@ -152,6 +152,7 @@ class LLMEngine:
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
+        watermark: float = 0.01,
         enable_prefix_caching: bool = True,
         num_blocks: int | None = None,
         kv_cache_memory: int | str | None = None,
@@ -211,7 +212,7 @@ class LLMEngine:
             logger.warning("max_model_len lowered to %d, what the KV cache holds", max_model_len)
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                            max_num_batched_tokens=max_num_batched_tokens,
-                                           max_model_len=max_model_len)
+                                           max_model_len=max_model_len, watermark=watermark)
         config = EngineConfig(model=model or "default", model_config=mc, cache_config=cache_config,
                               scheduler_config=scheduler_config, device=device, seed=seed,
                               dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),

@@ -44,6 +44,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--watermark", type=float, default=0.01,
+                   help="fraction of the KV blocks a request must leave free to be admitted (default 0.01)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="fixed KV budget, the same for every format (e.g. 16GiB, 8GB)")
@@ -117,7 +119,8 @@ def engine_kwargs(args: argparse.Namespace, item: str, **overrides: Any) -> dict
               kv_centering=not args.no_kv_centering,
               int4_group_size=args.int4_group_size, block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching,
+              max_model_len=args.max_model_len, watermark=args.watermark,
+              enable_prefix_caching=not args.no_prefix_caching,
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
               gpu_memory_utilization=args.gpu_memory_utilization, device=args.device, seed=args.seed,
               enforce_eager=args.enforce_eager,
