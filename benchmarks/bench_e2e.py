@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     engine_args = argparse.Namespace(
         model=args.model, dtype=args.dtype, kv_scales=None, no_kv_rotation=False, no_kv_centering=False, int4_group_size=32,
-        block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=None, max_model_len=None,
+        block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=None, max_model_len=None, watermark=0.01,
         no_prefix_caching=False, num_blocks=None, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=0.9, enforce_eager=False, device=device, seed=args.seed)
     loaded = load_once(engine_args)

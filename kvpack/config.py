@@ -139,6 +139,13 @@ CACHE_DTYPE_HELP = (
 )
 
 
+def add_watermark_arg(parser: Any, default: float | None = 0.01) -> None:
+    """`--watermark` for every command that builds an engine (`SchedulerConfig.watermark`)."""
+    parser.add_argument("--watermark", type=float, default=default,
+                        help="fraction of the KV blocks a new request must leave free when admitted while "
+                             "others run: room for them to grow before one is preempted (default 0.01; 0: off)")
+
+
 def add_int4_group_size_arg(parser: Any) -> None:
     """`--int4-group-size` for every command that builds a cache (one definition of its choices)."""
     from kvpack.formats.base import INT4_GROUP_SIZES  # lazy: formats imports this module

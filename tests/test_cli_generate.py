@@ -33,7 +33,7 @@ def test_help_explains_every_flag():
     for flag in ("--model", "--kv-cache-dtype", "--k-cache-dtype", "--v-cache-dtype", "--kv-scales",
                  "--no-kv-rotation", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed",
                  "--chat", "--dtype", "--device", "--block-size", "--max-model-len", "--max-num-seqs",
-                 "--max-num-batched-tokens", "--no-enable-prefix-caching", "--num-blocks"):
+                 "--max-num-batched-tokens", "--no-enable-prefix-caching", "--num-blocks", "--watermark"):
         assert flag in p.stdout, flag
     assert "greedy" in p.stdout
 
@@ -57,6 +57,7 @@ def test_prompts_from_stdin_and_summary():
     (["--model", "dummy:tiny-llama", "--max-model-len", "16", "word " * 40], ["prompt has", "max_model_len is 16"]),
     (["--model", "dummy:tiny-llama", "--kv-cache-dtype", "int3", "x"], ["int3"]),
     (["--model", "dummy:tiny-llama", "--block-size", "0", "x"], ["--block-size"]),
+    (["--model", "dummy:tiny-llama", "--watermark", "1.5", "x"], ["--watermark", "1.5"]),
 ])
 def test_bad_input_is_one_line_error(args, needles):
     assert_one_line_error(kvpack(*args), *needles)

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from kvpack.config import CACHE_DTYPE_HELP, KVPackError, add_int4_group_size_arg
+from kvpack.config import CACHE_DTYPE_HELP, KVPackError, add_int4_group_size_arg, add_watermark_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="longest prompt + output in tokens (default: the model's, at most 4096 on CPU)")
     s.add_argument("--max-num-seqs", type=int, default=None,
                    help="sequences per batch (default 64 on CPU, 256 on GPU)")
+    add_watermark_arg(s)
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     s.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                    help="launch each step only after the previous step's tokens are back (default: launch it first, its inputs for those tokens read on the device)")
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
               kv_scales=args.kv_scales, kv_rotation=args.kv_rotation, kv_centering=args.kv_centering,
               int4_group_size=args.int4_group_size, block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+              max_model_len=args.max_model_len, watermark=args.watermark,
+              enable_prefix_caching=args.enable_prefix_caching,
               num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
               disable_async_output_proc=args.disable_async_output_proc, async_scheduling=args.async_scheduling,

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 
-from kvpack.config import CACHE_DTYPE_HELP, add_int4_group_size_arg
+from kvpack.config import CACHE_DTYPE_HELP, add_int4_group_size_arg, add_watermark_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="no per-channel K (fp8: and V) mean subtraction")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output, tokens")
     p.add_argument("--max-num-seqs", type=int, default=None, help="sequences per batch")
+    add_watermark_arg(p, default=None)
     p.add_argument("--block-size", type=int, default=None, help="KV cache block size (tokens)")
     p.add_argument("--dtype", default=None, help="weights and activations: auto, float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -61,6 +62,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "kv_cache_dtype": args.kv_cache_dtype, "k_cache_dtype": args.k_cache_dtype,
         "v_cache_dtype": args.v_cache_dtype, "kv_scales_path": args.kv_scales,
         "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "watermark": getattr(args, "watermark", None),
         "block_size": args.block_size, "num_blocks": args.num_kv_blocks,
         "kv_rotation": getattr(args, "kv_rotation", True), "kv_centering": getattr(args, "kv_centering", True),
         "int4_group_size": getattr(args, "int4_group_size", None),

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from kvpack.config import ConfigError, KVPackError, ModelConfig, add_int4_group_size_arg
+from kvpack.config import ConfigError, KVPackError, ModelConfig, add_int4_group_size_arg, add_watermark_arg
 from kvpack.engine.memory_planner import parse_bytes
 
 DEFAULT_BENCH_MODEL = "dummy:llama-3.1-8b"
@@ -44,8 +44,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--watermark", type=float, default=0.01,
-                   help="fraction of the KV blocks a request must leave free to be admitted (default 0.01)")
+    add_watermark_arg(p)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="fixed KV budget, the same for every format (e.g. 16GiB, 8GB)")
