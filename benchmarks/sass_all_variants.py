@@ -63,8 +63,7 @@ def main() -> int:
 
 
 def loop_mixes(cubin: bytes) -> list[tuple[tuple[int, int], collections.Counter]]:
-    """Each loop of a cubin's SASS (the instructions from a backward branch's target to the branch), largest
-    first, with its instruction counts by full opcode (loads keep their width: LDG.E.U16, LDG.E.128)."""
+    """`loop_mixes_of` a cubin's SASS, by the nvdisasm Triton ships."""
     import triton
 
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
@@ -72,6 +71,13 @@ def loop_mixes(cubin: bytes) -> list[tuple[tuple[int, int], collections.Counter]
         f.write(cubin)
         f.flush()
         sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return loop_mixes_of(sass)
+
+
+def loop_mixes_of(sass: str) -> list[tuple[tuple[int, int], collections.Counter]]:
+    """Each loop of nvdisasm's SASS text (the instructions from a backward branch's target label to the
+    branch), largest first, with its instruction counts by full opcode (loads keep their width:
+    LDG.E.U16, LDG.E.128)."""
     labels, ins, pending = {}, [], []
     for line in sass.splitlines():
         m = re.match(r"^\s*(\.L_x_\d+):", line)

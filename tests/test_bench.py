@@ -415,3 +415,29 @@ def test_triton_compile_log_names_the_specialization():
     (d,) = log.summary()["specializations"]
     assert d["kernel"] == "kern" and d["constexprs"] == {"SPLITS_PAD": 16, "PDL": True}
     json.dumps(log.summary())  # the benchmark writes it as JSON
+
+
+def test_sass_loop_mix_counts_each_loop_body():
+    # nvdisasm's format: an outer loop (L_x_0 .. its branch) holding an inner one (L_x_1); a forward branch
+    # is no loop. Counts are by full opcode, so load widths stay apart.
+    from benchmarks.sass_all_variants import loop_mixes_of
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDG.E.U16 R2, desc[UR4][R4.64] ;
+.L_x_1:
+        /*0020*/                   HMMA.16816.F32 R8, R12, R16, R8 ;
+        /*0030*/                   LDG.E.128 R20, desc[UR4][R6.64] ;
+        /*0040*/               @P0 BRA `(.L_x_1) ;
+        /*0050*/                   LDG.E.U16 R3, desc[UR4][R4.64+0x2] ;
+        /*0060*/              @!P1 BRA `(.L_x_2) ;
+        /*0070*/                   BRA `(.L_x_0) ;
+.L_x_2:
+        /*0080*/                   EXIT ;
+"""
+    mixes = loop_mixes_of(sass)
+    assert [span for span, _ in mixes] == [(0x10, 0x70), (0x20, 0x40)]
+    outer, inner = (mix for _, mix in mixes)
+    assert inner == {"HMMA.16816.F32": 1, "LDG.E.128": 1, "BRA": 1}
+    assert outer["LDG.E.U16"] == 2 and outer["BRA"] == 3 and sum(outer.values()) == 7
