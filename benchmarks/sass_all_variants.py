@@ -20,11 +20,13 @@ import subprocess
 import sys
 import tempfile
 
-os.environ["TRITON_INTERPRET"] = "0"  # before triton loads: compile, do not interpret
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main() -> int:
+    # before triton loads (in main, not at import: importing `loop_mixes_of` must not turn a test
+    # process's interpreter off): compile, do not interpret
+    os.environ["TRITON_INTERPRET"] = "0"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--loops", default=None, help="comma list of variant names: their loops' instruction mix")
