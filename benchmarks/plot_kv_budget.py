@@ -121,7 +121,7 @@ def plot(rows: list[dict], path: str) -> None:
                 pr = [r for r in pts if r["output_vs_bf16"] is not None]
                 ax_row[1].plot([r["budget_gib"] for r in pr], [r["output_vs_bf16"] for r in pr], "o-", color=c,
                                label=f"{fmt}: output tok/s")
-                ax_row[1].plot([r["budget_gib"] for r in pr], [r["capacity_vs_bf16"] for r in pr], ":", color=c,
+                ax_row[1].plot([r["budget_gib"] for r in pr], [r["capacity_vs_bf16"] for r in pr], ":_", color=c,
                                label=f"{fmt}: capacity")
         for fmt, t in TARGETS.items():
             ax_row[1].axhline(t, color=colors["int8" if fmt == "int8" else "int4 g32"], lw=0.8, ls="--")
