@@ -15,7 +15,7 @@ from kvpack.attention.kv_cache import allocate_kv_cache
 from kvpack.attention.metadata import AttentionMetadata, block_table_width
 from kvpack.config import CacheConfig
 from kvpack.engine.cuda_graph import (
-    CUDAGraphModelRunner, GraphBuffers, capture_sizes, context_buckets, padded_size,
+    CUDAGraphModelRunner, GraphBuffers, capture_sizes, context_buckets, padded_size, split_batches,
 )
 from kvpack.engine.model_runner import get_model_runner_cls
 from kvpack.engine.sampler import Sampler
@@ -33,6 +33,16 @@ FORMATS = ["bfloat16", "float16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 ])
 def test_capture_sizes(seqs, tokens, expected):
     assert capture_sizes(seqs, tokens) == expected
+
+
+def test_capture_sizes_every_split_batch():
+    # Llama-3.1-8B on an H200: 8 kv heads, 132 SMs -> batches 1..16 still split, each gets its own graphs
+    assert split_batches(8, 132) == 16
+    assert capture_sizes(256, 8192, every_up_to=split_batches(8, 132)) == list(range(1, 17)) + list(range(32, 257, 16))
+    assert split_batches(3, 132) == 32 and split_batches(2, 132, most=64) == 64 and split_batches(64, 132) == 2
+    assert split_batches(256, 132) == 0  # no batch splits: the usual sizes
+    assert capture_sizes(5, 8192, every_up_to=16) == [1, 2, 3, 4, 5]
+    assert capture_sizes(100, 50, every_up_to=0) == [1, 2, 4, 8, 16, 32, 48, 50]
 
 
 def test_padded_size():
@@ -156,8 +166,9 @@ def test_graph_replay_equals_eager(fmt):
     runner = CUDAGraphModelRunner(model, kv, "cuda", Sampler(), (), max_num_seqs=8,
                                   max_num_batched_tokens=256, max_model_len=2048)  # split-K grid for 2048
     runner.warmup()
-    assert runner.sizes == [1, 2, 4, 8] and runner.graphs_enabled
-    assert set(runner.graphs) == {(b, c) for b in (1, 2, 4, 8) for c in (1024, 2048)}  # 2 kv heads: all split
+    # 2 kv heads: every batch up to max_num_seqs splits, so each size has its own graphs
+    assert runner.sizes == list(range(1, 9)) and runner.graphs_enabled
+    assert set(runner.graphs) == {(b, c) for b in range(1, 9) for c in (1024, 2048)}
     gen = torch.Generator().manual_seed(0)
     lens = [5, 17, 33, 64, 1, 100, 48]
     tables, nxt = [], 1

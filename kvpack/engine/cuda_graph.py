@@ -18,7 +18,14 @@ tensor data (checked for kvpack.kernels: the cache write and decode launchers si
 shapes and Python ints; rotation matrices and SM counts are cached by the eager warm-up passes).
 The PyTorch reference backend is not capturable (it reads lengths on the host): graphs are off with it.
 
-Sizes: 1, 2, 4, 8, then every 16 up to min(max_num_seqs, max_num_batched_tokens, 512).
+Sizes: 1, 2, 4, 8, then every 16 up to min(max_num_seqs, max_num_batched_tokens, 512); and every size
+from 1 to the largest batch whose decode still splits (bs * num_kv_heads < SMs; at most
+`MAX_EVERY_SIZE`). The split-K grid is planned for the graph's batch size, so a batch padded to a larger
+graph gets fewer splits than its own plan: too few programs an SM to hide their latency (session 24,
+results/kv_budget_s24: on an H200, Llama-3.1-8B at 2 GiB of KV, int4 decode steps of 9 sequences took
+6.83 ms in the 16-sequence graph against 5.99 for 8 in their own; int8 5.83 ms for 5 in the 8-graph
+against 5.41 for 4; one layer of int4 at 9 sequences, `probe_varlen_decode.py`: 51.7 us at its own plan's
+14 splits, 68.1 at the 8 a 16-sequence plan gives).
 """
 
 from __future__ import annotations
@@ -35,13 +42,22 @@ from kvpack.engine.model_runner import ModelRunner, register_model_runner
 logger = logging.getLogger("kvpack")
 MAX_CAPTURE_SIZE = 512
 MIN_CONTEXT_BUCKET = 1024
+MAX_EVERY_SIZE = 32  # batches up to this many sequences may each get their own graphs (see the module doc)
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, limit: int = MAX_CAPTURE_SIZE) -> list[int]:
-    """Batch sizes to capture, ascending: 1, 2, 4, 8, 16, 32, 48, ... up to the cap (always included)."""
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, limit: int = MAX_CAPTURE_SIZE,
+                  every_up_to: int = 0) -> list[int]:
+    """Batch sizes to capture, ascending: every size up to `every_up_to`, and 1, 2, 4, 8, 16, 32, 48, ...
+    up to the cap (always included)."""
     cap = max(1, min(max_num_seqs, max_num_batched_tokens, limit))
     sizes = {s for s in (1, 2, 4, 8) if s <= cap} | set(range(16, cap + 1, 16)) | {cap}
-    return sorted(sizes)
+    return sorted(sizes | set(range(1, min(every_up_to, cap) + 1)))
+
+
+def split_batches(num_kv_heads: int, sms: int, most: int = MAX_EVERY_SIZE) -> int:
+    """The largest batch whose decode still splits across the SMs (bs * num_kv_heads < sms), at most `most`:
+    the sizes that get their own graphs."""
+    return min(most, max(0, (sms - 1) // max(1, num_kv_heads)))
 
 
 def padded_size(batch: int, sizes: list[int]) -> int | None:
@@ -142,13 +158,14 @@ class CUDAGraphModelRunner(ModelRunner):
             logger.info("CUDA graphs off: %s", why)
             return
         t0 = time.perf_counter()
-        self.sizes = capture_sizes(self.max_num_seqs, self.max_num_batched_tokens)
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        kv_heads = self.kv_cache.layers[0].k.num_kv_heads
+        self.sizes = capture_sizes(self.max_num_seqs, self.max_num_batched_tokens,
+                                   every_up_to=split_batches(kv_heads, sms))
         n = self.sizes[-1]
         max_blocks = block_table_width(-(-self.max_model_len // self.block_size))  # as build_metadata pads
         hidden_size = self.model.config.hidden_size
         self.buffers = GraphBuffers.allocate(n, max_blocks, hidden_size, self.model.dtype, self.device)
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        kv_heads = self.kv_cache.layers[0].k.num_kv_heads
         self.buckets = {bs: context_buckets(self.max_model_len, bs * kv_heads < sms) for bs in self.sizes}
         free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = None
