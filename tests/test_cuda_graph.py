@@ -25,11 +25,11 @@ FORMATS = ["bfloat16", "float16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 
 
 @pytest.mark.parametrize("seqs,tokens,expected", [
-    (256, 8192, [1, 2, 4, 8] + list(range(16, 257, 16))),
+    (256, 8192, [1, 2, 4] + list(range(8, 65, 8)) + list(range(80, 257, 16))),
     (5, 8192, [1, 2, 4, 5]),
-    (100, 50, [1, 2, 4, 8, 16, 32, 48, 50]),
+    (100, 50, [1, 2, 4, 8, 16, 24, 32, 40, 48, 50]),
     (1, 1, [1]),
-    (4096, 100000, [1, 2, 4, 8] + list(range(16, 513, 16))),
+    (4096, 100000, [1, 2, 4] + list(range(8, 65, 8)) + list(range(80, 513, 16))),
 ])
 def test_capture_sizes(seqs, tokens, expected):
     assert capture_sizes(seqs, tokens) == expected
@@ -38,11 +38,12 @@ def test_capture_sizes(seqs, tokens, expected):
 def test_capture_sizes_every_split_batch():
     # Llama-3.1-8B on an H200: 8 kv heads, 132 SMs -> batches 1..16 still split, each gets its own graphs
     assert split_batches(8, 132) == 16
-    assert capture_sizes(256, 8192, every_up_to=split_batches(8, 132)) == list(range(1, 17)) + list(range(32, 257, 16))
+    assert capture_sizes(256, 8192, every_up_to=split_batches(8, 132)) == \
+        list(range(1, 17)) + [24, 32, 40, 48, 56, 64] + list(range(80, 257, 16))
     assert split_batches(3, 132) == 32 and split_batches(2, 132, most=64) == 64 and split_batches(64, 132) == 2
     assert split_batches(256, 132) == 0  # no batch splits: the usual sizes
     assert capture_sizes(5, 8192, every_up_to=16) == [1, 2, 3, 4, 5]
-    assert capture_sizes(100, 50, every_up_to=0) == [1, 2, 4, 8, 16, 32, 48, 50]
+    assert capture_sizes(100, 50, every_up_to=0) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 50]
 
 
 def test_padded_size():

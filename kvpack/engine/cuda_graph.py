@@ -18,9 +18,11 @@ tensor data (checked for kvpack.kernels: the cache write and decode launchers si
 shapes and Python ints; rotation matrices and SM counts are cached by the eager warm-up passes).
 The PyTorch reference backend is not capturable (it reads lengths on the host): graphs are off with it.
 
-Sizes: 1, 2, 4, 8, then every 16 up to min(max_num_seqs, max_num_batched_tokens, 512); and every size
-from 1 to the largest batch whose decode still splits (bs * num_kv_heads < SMs; at most
-`MAX_EVERY_SIZE`). The split-K grid is planned for the graph's batch size, so a batch padded to a larger
+Sizes: 1, 2, 4, 8, then every 8 up to 64 and every 16 up to min(max_num_seqs, max_num_batched_tokens,
+512); and every size from 1 to the largest batch whose decode splits across the SMs even with 4-warp
+programs (bs * num_kv_heads < SMs; at most `MAX_EVERY_SIZE`). One-warp decode programs still split up to
+~8x that batch, hence the denser sizes up to 64 (int8 steps of 33 sequences, padded to 48, took 6.99 ms
+against 6.43 for 32 in their own graph: results/kv_budget_s23's 16 GiB run). The split-K grid is planned for the graph's batch size, so a batch padded to a larger
 graph gets fewer splits than its own plan: too few programs an SM to hide their latency (session 24,
 results/kv_budget_s24: on an H200, Llama-3.1-8B at 2 GiB of KV, int4 decode steps of 9 sequences took
 6.83 ms in the 16-sequence graph against 5.99 for 8 in their own; int8 5.83 ms for 5 in the 8-graph
@@ -47,10 +49,11 @@ MAX_EVERY_SIZE = 32  # batches up to this many sequences may each get their own 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, limit: int = MAX_CAPTURE_SIZE,
                   every_up_to: int = 0) -> list[int]:
-    """Batch sizes to capture, ascending: every size up to `every_up_to`, and 1, 2, 4, 8, 16, 32, 48, ...
-    up to the cap (always included)."""
+    """Batch sizes to capture, ascending: every size up to `every_up_to`, and 1, 2, 4, 8, 16, 24, ..., 64, 80,
+    96, ... up to the cap (always included)."""
     cap = max(1, min(max_num_seqs, max_num_batched_tokens, limit))
-    sizes = {s for s in (1, 2, 4, 8) if s <= cap} | set(range(16, cap + 1, 16)) | {cap}
+    sizes = {s for s in (1, 2, 4) if s <= cap} | set(range(8, min(64, cap) + 1, 8)) | set(range(16, cap + 1, 16))
+    sizes |= {cap}
     return sorted(sizes | set(range(1, min(every_up_to, cap) + 1)))
 
 
