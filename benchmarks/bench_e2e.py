@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from kvpack.config import DEFAULT_WATERMARK  # noqa: E402
 from kvpack.engine.memory_planner import parse_bytes  # noqa: E402
 from kvpack.tools.bench_common import (  # noqa: E402
     LenRange, build_engine, env_info, format_table, load_once, parse_format_list, parse_len_range,
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     engine_args = argparse.Namespace(
         model=args.model, dtype=args.dtype, kv_scales=None, no_kv_rotation=False, no_kv_centering=False, int4_group_size=32,
-        block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=None, max_model_len=None, watermark=0.01,
+        block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=None, max_model_len=None,
+        watermark=DEFAULT_WATERMARK,
         no_prefix_caching=False, num_blocks=None, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=0.9, enforce_eager=False, device=device, seed=args.seed)
     loaded = load_once(engine_args)

@@ -16,9 +16,7 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,7 +33,7 @@ def main() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import _runtime as gluon_runtime
 
-    from tests.test_kernels_aot import sass_counts, signature, variants
+    from tests.test_kernels_aot import disassemble, sass_counts, signature, variants
 
     loops = args.loops.split(",") if args.loops else None
     if not loops:
@@ -53,7 +51,7 @@ def main() -> int:
             continue
         if loops:
             print(f"== {name}: {ck.metadata.shared} bytes shared")
-            for (start, end), mix in loop_mixes(ck.asm["cubin"]):
+            for (start, end), mix in loop_mixes_of(disassemble(ck.asm["cubin"])):
                 ops = sum(mix.values())
                 print(f"  loop {start:#x}-{end:#x}: {ops} instructions")
                 print("   ", ", ".join(f"{op} {n}" for op, n in mix.most_common(40)))
@@ -62,18 +60,6 @@ def main() -> int:
         print((name, ck.metadata.shared, sum(c.values()),
                *(c.get(k, 0) for k in ("LDS", "STS", "BAR", "LDL", "STL", "SHFL"))), flush=True)
     return 0
-
-
-def loop_mixes(cubin: bytes) -> list[tuple[tuple[int, int], collections.Counter]]:
-    """`loop_mixes_of` a cubin's SASS, by the nvdisasm Triton ships."""
-    import triton
-
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return loop_mixes_of(sass)
 
 
 def loop_mixes_of(sass: str) -> list[tuple[tuple[int, int], collections.Counter]]:

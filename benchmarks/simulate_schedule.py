@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kvpack.config import SchedulerConfig, add_int4_group_size_arg  # noqa: E402
+from kvpack.config import DEFAULT_WATERMARK, SchedulerConfig, add_int4_group_size_arg, add_watermark_arg  # noqa: E402
 from kvpack.engine.block_manager import BlockManager  # noqa: E402
 from kvpack.engine.memory_planner import parse_bytes  # noqa: E402
 from kvpack.engine.scheduler import Scheduler  # noqa: E402
@@ -39,7 +39,8 @@ from kvpack.tools.bench_common import (  # noqa: E402
 
 
 def simulate(workload: list[tuple[list[int], int]], num_blocks: int, block_size: int = 16,
-             max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, watermark: float = 0.01) -> dict:
+             max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+             watermark: float = DEFAULT_WATERMARK) -> dict:
     """Schedule `workload` ((prompt ids, output length) pairs) to the end in a pool of `num_blocks`."""
     max_model_len = max(len(p) + o for p, o in workload)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=parse_len_range, default=LenRange(128, 128))
     p.add_argument("--max-num-seqs", type=int, default=256, help="the engine's CUDA default")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="the engine's CUDA default")
-    p.add_argument("--watermark", type=float, default=0.01, help="the engine's default")
+    add_watermark_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)

@@ -139,7 +139,10 @@ CACHE_DTYPE_HELP = (
 )
 
 
-def add_watermark_arg(parser: Any, default: float | None = 0.01) -> None:
+DEFAULT_WATERMARK = 0.01  # vLLM's block manager kept the same 1 %
+
+
+def add_watermark_arg(parser: Any, default: float | None = DEFAULT_WATERMARK) -> None:
     """`--watermark` for every command that builds an engine (`SchedulerConfig.watermark`)."""
     parser.add_argument("--watermark", type=float, default=default,
                         help="fraction of the KV blocks a new request must leave free when admitted while "
@@ -210,7 +213,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # Fraction of the KV blocks a new request must leave free when admitted (room for the running
     # sequences to grow before one is preempted).
-    watermark: float = 0.01
+    watermark: float = DEFAULT_WATERMARK
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.watermark < 1.0:

@@ -374,9 +374,8 @@ def test_hopper_decode_uses_fp8_instructions():
 SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "LDL", "STL", "FADD", "FFMA", "FMUL", "PRMT", "LOP3", "I2F")
 
 
-def sass_counts(cubin: bytes) -> dict:
-    """Instruction counts by opcode (without modifiers) of a cubin, by the nvdisasm Triton ships."""
-    import collections
+def disassemble(cubin: bytes) -> str:
+    """A cubin's SASS text, by the nvdisasm Triton ships."""
     import tempfile
 
     import triton
@@ -385,7 +384,14 @@ def sass_counts(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_counts(cubin: bytes) -> dict:
+    """Instruction counts by opcode (without modifiers) of a cubin, by the nvdisasm Triton ships."""
+    import collections
+
+    sass = disassemble(cubin)
     pat = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
     return dict(collections.Counter(m.group(1).split(".")[0] for m in re.finditer(pat, sass, re.M)))
 

@@ -22,8 +22,8 @@ Sizes: 1, 2, 4, 8, then every 8 up to 64 and every 16 up to min(max_num_seqs, ma
 512); and every size from 1 to the largest batch whose decode splits across the SMs even with 4-warp
 programs (bs * num_kv_heads < SMs; at most `MAX_EVERY_SIZE`). One-warp decode programs still split up to
 ~8x that batch, hence the denser sizes up to 64 (int8 steps of 33 sequences, padded to 48, took 6.99 ms
-against 6.43 for 32 in their own graph: results/kv_budget_s23's 16 GiB run). The split-K grid is planned for the graph's batch size, so a batch padded to a larger
-graph gets fewer splits than its own plan: too few programs an SM to hide their latency (session 24,
+against 6.43 for 32 in their own graph: results/kv_budget_s23's 16 GiB run). The split-K grid is
+planned for the graph's batch size, so a batch padded to a larger graph gets fewer splits than its own plan: too few programs an SM to hide their latency (session 24,
 results/kv_budget_s24: on an H200, Llama-3.1-8B at 2 GiB of KV, int4 decode steps of 9 sequences took
 6.83 ms in the 16-sequence graph against 5.99 for 8 in their own; int8 5.83 ms for 5 in the 8-graph
 against 5.41 for 4; one layer of int4 at 9 sequences, `probe_varlen_decode.py`: 51.7 us at its own plan's

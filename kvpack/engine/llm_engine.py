@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from kvpack.attention.kv_cache import allocate_kv_cache, resolve_kv_formats
-from kvpack.config import CacheConfig, ConfigError, EngineConfig, KVPackError, SchedulerConfig
+from kvpack.config import DEFAULT_WATERMARK, CacheConfig, ConfigError, EngineConfig, KVPackError, SchedulerConfig
 from kvpack.engine.block_manager import BlockManager
 from kvpack.engine.model_runner import ModelRunner, PendingRunnerOutput, get_model_runner_cls
 from kvpack.engine.outputs import CompletionOutput, RequestOutput, completion_of
@@ -152,7 +152,7 @@ class LLMEngine:
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_model_len: int | None = None,
-        watermark: float = 0.01,
+        watermark: float = DEFAULT_WATERMARK,
         enable_prefix_caching: bool = True,
         num_blocks: int | None = None,
         kv_cache_memory: int | str | None = None,

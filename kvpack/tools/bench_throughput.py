@@ -306,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
                            "int4_group_size": args.int4_group_size,
                            "gpu_memory_utilization": args.gpu_memory_utilization,
                            "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
-                           "watermark": args.watermark, "enforce_eager": args.enforce_eager, "dtype": args.dtype, "repeats": args.repeats,
+                           "watermark": args.watermark,
+                           "enforce_eager": args.enforce_eager, "dtype": args.dtype, "repeats": args.repeats,
                            "disable_async_output_proc": args.disable_async_output_proc,
                            "async_scheduling": not args.no_async_scheduling},
                 "results": rows}
