@@ -170,26 +170,39 @@ class CUDAGraphModelRunner(ModelRunner):
         hidden_size = self.model.config.hidden_size
         self.buffers = GraphBuffers.allocate(n, max_blocks, hidden_size, self.model.dtype, self.device)
         self.buckets = {bs: context_buckets(self.max_model_len, bs * kv_heads < sms) for bs in self.sizes}
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = None
+        # captured with CUDAGraph.capture_begin / capture_end, not `torch.cuda.graph`, which empties the
+        # allocator's cache before every capture: here the cache is emptied once, before and after, so each
+        # warm-up pass reuses the last one's memory and the figure logged is the graphs' own (through
+        # session 24 it read negative: the first capture released the warm-ups' cache)
+        stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its pool memory
             for ctx in reversed(self.buckets[bs]):
-                pool = self._capture(bs, ctx, pool)
+                pool = self._capture(bs, ctx, pool, stream)
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
         logger.info("captured %d CUDA graphs for decode batches of 1..%d up to %d tokens of context "
                     "in %.1f s, %.2f GiB", len(self.graphs), n, self.max_model_len, time.perf_counter() - t0,
                     used / 2**30)
 
-    def _capture(self, bs: int, ctx: int, pool):
+    def _capture(self, bs: int, ctx: int, pool, stream: torch.cuda.Stream):
         buf = self.buffers
         md = buf.metadata(bs, ctx)
-        for _ in range(2):  # compile every kernel variant and fill caches outside the capture
-            buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+        # one eager pass compiles every kernel variant and fills the caches outside the capture
+        buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool)
+            try:
+                buf.hidden[:bs] = self.model(buf.input_ids[:bs], buf.positions[:bs], self.kv_cache, md)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
         self.graphs[(bs, ctx)] = graph
         return graph.pool() if pool is None else pool
 
