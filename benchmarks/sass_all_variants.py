@@ -33,7 +33,7 @@ def main() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import _runtime as gluon_runtime
 
-    from tests.test_kernels_aot import disassemble, sass_counts, signature, variants
+    from tests.test_kernels_aot import disassemble, sass_counts, signature, split_options, variants
 
     loops = args.loops.split(",") if args.loops else None
     if not loops:
@@ -41,7 +41,8 @@ def main() -> int:
     for name, fn, fargs, opts in variants():
         if loops and name not in loops:
             continue
-        sig, consts, attrs = signature(fn, fargs)
+        own, opts = split_options(fn, opts)
+        sig, consts, attrs = signature(fn, fargs, own)
         gluon = isinstance(fn, gluon_runtime.GluonJITFunction)
         source = (gluon_runtime.GluonASTSource if gluon else triton.compiler.ASTSource)(fn, sig, consts, attrs)
         try:

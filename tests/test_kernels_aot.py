@@ -13,6 +13,7 @@ CPU-only machines, which replaces @triton.jit functions by interpreted ones).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -28,12 +29,25 @@ _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", tor
        torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
 
 
-def signature(fn, args: list) -> tuple[dict, dict, dict]:
-    """Triton signature, constexprs and attrs of a launch's positional args. Like the JIT, integers
+def split_options(fn, options: dict) -> tuple[dict, dict]:
+    """A plan's launch options as (the kernel's own constexpr keyword arguments, e.g. "fragt"'s RING4; the
+    compile options: num_warps, ...)."""
+    own = {k: v for k, v in options.items() if k in fn.arg_names}
+    return own, {k: v for k, v in options.items() if k not in own}
+
+
+def signature(fn, args: list, kwargs: dict | None = None) -> tuple[dict, dict, dict]:
+    """Triton signature, constexprs and attrs of a launch's positional args (and constexpr keyword
+    arguments `kwargs`; the other parameters at their defaults). Like the JIT, integers
     equal to 1 become constexprs (a unit stride: the contiguity the vectorizer needs), pointers
     aligned to 16 bytes and integers divisible by 16 carry tt.divisibility=16 (it enables vector
     loads, so the AOT code is the code that runs); integers the kernel marks do_not_specialize stay plain."""
     sig, consts, attrs = {}, {}, {}
+    for param in fn.params[len(args):]:
+        if kwargs and param.name in kwargs:
+            sig[param.name], consts[param.name] = "constexpr", kwargs[param.name]
+        elif param.is_constexpr and param.default is not inspect.Parameter.empty:
+            sig[param.name], consts[param.name] = "constexpr", param.default
     plain = set(getattr(fn, "do_not_specialize", None) or ())  # names (or indices) the JIT leaves as they are
     for i, (name, a) in enumerate(zip(fn.arg_names, args)):
         if (name in plain or i in plain) and type(a) is int:
@@ -156,6 +170,12 @@ def variants():
                         assert plan.variant == "fragt", plan.variant
                         out.append((f"decode-t4/{name}/D{D}/splits{splits}/{merge}/pf{pf}", plan.kernel, plan.args,
                                     plan.options))
+                if name == "int4":  # whole tiles through the int4 cp.async ring (`decode_frag._r4_issue`)
+                    for splits, merge in ((1, "auto"), (2, "separate")):
+                        plan = plan_decode(q, lc, meta2, 0.1, num_splits=splits, variant="fragt", merge=merge, ring4=1)
+                        assert plan.options.get("RING4") == 1, plan.options
+                        out.append((f"decode-t4ring/{name}/D{D}/splits{splits}/{merge}", plan.kernel, plan.args,
+                                    plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
@@ -204,7 +224,8 @@ def compile_all(archs=(80, 86), shard: int = 0, shards: int = 1) -> list[dict]:
     for i, (name, fn, args, opts) in enumerate(todo):
         if i % shards != shard:
             continue
-        sig, consts, attrs = signature(fn, args)
+        own, opts = split_options(fn, opts)
+        sig, consts, attrs = signature(fn, args, own)
         source = gluon_runtime.GluonASTSource if isinstance(fn, gluon_runtime.GluonJITFunction) \
             else triton.compiler.ASTSource
         for cc in archs:
@@ -285,6 +306,8 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     assert any(r["shared"] == 0 for r in frag)  # (the bound is not always 2048)
     ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)
     assert ring and all(r["shared"] >= 2 * 16384 for r in ring), [(r["variant"], r["shared"]) for r in ring]
+    ring4 = [r for r in aot_results if r["variant"].startswith("decode-t4ring")]  # int4's ring: 2 slots of 10 KB
+    assert ring4 and all(r["shared"] >= 2 * 10240 for r in ring4), [(r["variant"], r["shared"]) for r in ring4]
     assert dot and all(r["shared"] > 8192 for r in dot)  # the check would see staging
 
 

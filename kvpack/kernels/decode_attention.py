@@ -68,6 +68,10 @@ GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
 # session 22, H200, per layer: fp8 at 64 x 2048 79.0 -> 75.8 us, 128 x 1024 84.8 -> 82.3-83.5, against
 # `rotate_heads` before and after); KVPACK_FRAG_ROT_ONE_SPLIT=0 puts them back there (measuring), read at import
 FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
+# "fragt" on int4 K and V (groups of 32, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
+# ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25,
+# compiled only (sm_80 / 86 / 90): off (0) until measured on a GPU.
+INT4_RING = int(os.environ.get("KVPACK_INT4_RING", "0"))
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -540,12 +544,25 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     return 64, 1, 1
 
 
+def int4_ring_ok(kp, vp) -> bool:
+    """Whether "fragt"'s int4 ring (`decode_frag._r4_issue`) can copy these pools: int4 K and V in groups of 32
+    (4 parameters a token), blocks of >= 16 tokens, and each block's code rows and parameter rows adjacent
+    (a token pair's 128 code bytes, an 8-token group's 32 parameters: 16-byte copies)."""
+    for p in (kp, vp):
+        if p.fmt.kind != "int4" or p.fmt.group_size != 32 or p.block_size < 16 or p.fmt.head_dim != 128:
+            return False
+        if p.codes.stride()[2:] != (64, 1) or p.scales.stride()[2:] != (4, 1) or p.zeros.stride() != p.scales.stride():
+            return False
+    return True
+
+
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
                 maxnreg: int | None = None, index64: bool | None = None, prefetch: int | None = None,
-                merge: str | None = None) -> DecodePlan:
-    """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch)."""
+                merge: str | None = None, ring4: int | None = None) -> DecodePlan:
+    """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch). ring4: "fragt"'s int4
+    cp.async ring distance (default `INT4_RING`; where `int4_ring_ok`)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
     Hkv, block_size = kp.num_kv_heads, kp.block_size
@@ -659,6 +676,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         po = pml = out
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    ring4 = INT4_RING if ring4 is None else ring4
+    if ring4 and variant == "fragt" and int4_ring_ok(kp, vp):
+        options["RING4"] = ring4
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
@@ -702,6 +722,7 @@ def decode_paged_attention(
     index64: bool | None = None,
     prefetch: int | None = None,
     merge: str | None = None,
+    ring4: int | None = None,
 ) -> torch.Tensor:
     """Paged attention for a pure-decode batch (each sequence has 0 or 1 query token).
 
@@ -717,10 +738,11 @@ def decode_paged_attention(
     whose offsets can reach 2**31, `_needs_idx64`). prefetch: L2 prefetch distance in tiles of
     the "dot" kernel (0: none; default: `default_tile`; the CPU interpreter has no inline PTX: 0).
     merge: "auto" | "fused" | "separate": where the split merge runs (`choose_merge`; default:
-    KVPACK_DECODE_MERGE, else "auto").
+    KVPACK_DECODE_MERGE, else "auto"). ring4: "fragt"'s int4 cp.async ring distance in tiles (default
+    KVPACK_INT4_RING, else 0: direct loads).
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
-                       variant, maxnreg, index64, prefetch, merge)
+                       variant, maxnreg, index64, prefetch, merge, ring4)
     out = plan.out
     if metadata.num_seqs == 0 or q.shape[0] == 0:
         return out.to(q.dtype)

@@ -82,6 +82,19 @@ data between lanes.
   0.99-1.04x, fp8_e4m3 0.98-1.09x, and with a 168-register cap 0.99-1.15x; so "auto" does not take it. Fewer
   registers did not buy time: both kernels wait on their loads, not on issue slots.
 
+- int4 cp.async ring ("fragt", RING4 > 0; session 25, `decode_attention.INT4_RING` / KVPACK_INT4_RING, off by
+  default: compiled, not yet run on a GPU): int4 K and V in groups of 32 copy whole tiles RING4 tiles ahead
+  (`_r4_issue`) into a ring of RING4 + 1 slots of 10 KB: the codes as [32 token pairs, 128 bytes] (a pair's
+  two rows are adjacent in a block; 32-byte units swizzled by pair % 4, so that K's 16-byte and V's 8-byte
+  fragment reads are free of bank conflicts) and the group scales and zero-points as [8 groups of 8 tokens,
+  32] (16-byte copies). Each lane then reads its own code bytes (`K4_RING`, `V4_RING`: register renamings of
+  K4_LOAD / V4_LOAD) and its two groups' parameters, loaded once per lane pair (K) or lane quad (V) and
+  broadcast along the lane bits that share them (`_r4_k_params`, `_r4_v_params`). Same codes, parameters and
+  operations as the direct loads: the gpu-marked test expects the same bits. sm_90 SASS of the tile loop, 2
+  splits: 1,938 -> 1,652 instructions (the 96 two-byte global loads and their ~300 address instructions
+  become 96 LDS.U16, 20 LDGSTS.128 and 24 LDS of codes); ~253 registers either way; 20 KB of shared memory
+  a program at RING4 = 1, so an sm_86 multiprocessor (100 KB) holds 4 such programs.
+
 - Rotated formats (session 19): q @ R is formed in the kernel as q loads (`_q_rot`: q is loaded in the
   kernel's bit-permuted channel order, and a 128-point Sylvester Hadamard is unchanged by a permutation of
   index bits, so the butterflies over the permuted index give the permuted q @ R), by "fragt" always and by
@@ -182,6 +195,44 @@ K4S_I, K4S_NL, K4S_T = (_dims(K4_S, 3, d) for d in range(3))
 V4_M = _dims(V4_LOAD, 6, 5)
 V4S_SH = _dims(V4_S, 5, 0, 1)
 V4S_T, V4S_E, V4S_NL = (_dims(V4_S, 5, d) for d in (2, 3, 4))
+
+# int4 cp.async ring ("fragt", RING4 > 0; group size 32): a tile's K (or V) codes as [32 token pairs, 128 bytes]
+# (tokens 2 p and 2 p + 1 of the tile, 64 bytes each), 32-byte units swizzled (unit ^ (p % 4)): the copies write
+# whole 128-byte rows, K's fragment reads (a lane: 16 bytes of token 8 i + lane / 4) cover each row once per
+# 8 lanes, and V's (a lane: 8 bytes of tokens 2 t + e, t = lane % 4, four tokens two pairs apart) land in four
+# different units; all free of bank conflicts. The group scales and zero-points (4 fp16 a token) as
+# [8 groups of 8 tokens, 32], unswizzled (a lane reads 2-byte values, many lanes the same word).
+R4_SMEM = gl.SwizzledSharedLayout(vec=32, per_phase=1, max_phase=4, order=[1, 0])
+R4P_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+R4_COPY = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[1, 1], order=[1, 0])
+R4P_COPY = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[1, 1], order=[1, 0])
+R4C_P, R4C_B = (_dims(R4_COPY, 2, d) for d in range(2))
+R4P_G, R4P_C = (_dims(R4P_COPY, 2, d) for d in range(2))
+# K4_LOAD and V4_LOAD over [pair, byte]: the same registers and lanes (token 8 i + nl = 2 p + byte // 64)
+K4_RING = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [4, 0], [8, 0], [16, 0]],
+    lane_bases=[[0, 16], [0, 32], [0, 64], [1, 0], [2, 0]], warp_bases=[], block_bases=[], shape=[32, 128])
+V4_RING = gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 64], [4, 0], [8, 0], [16, 0]],
+    lane_bases=[[1, 0], [2, 0], [0, 8], [0, 16], [0, 32]], warp_bases=[], block_bases=[], shape=[32, 128])
+# K's group parameters as [i 8, nl 8, hi 2, t1 2, t0 2]: lane 4 nl + t holds token 8 i + nl's groups t // 2 (low
+# nibbles, hi 0) and 2 + t // 2 (high nibbles, hi 1); loaded from the ring as [i, nl, hi, t1] in the slice at t0
+# (the lanes t0 = 0 and 1 read the same values), then broadcast along t0
+K4P = gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1, 0, 0], [1, 0, 0, 0, 0], [2, 0, 0, 0, 0], [4, 0, 0, 0, 0]],
+    lane_bases=[[0, 0, 0, 0, 1], [0, 0, 0, 1, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0]],
+    warp_bases=[], block_bases=[], shape=[8, 8, 2, 2, 2])
+# V's as [s 4, h 2, t 4, e 2, hi 2, nl2 2, nl1 2, nl0 2]: lane 4 nl + t holds tokens 16 s + 8 h + 2 t + e's groups
+# nl // 4 (hi 0) and 2 + nl // 4 (hi 1); loaded as [s, h, t, e, hi, nl2] in the slice at nl1 and nl0
+V4P = gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0],
+               [1, 0, 0, 0, 0, 0, 0, 0], [2, 0, 0, 0, 0, 0, 0, 0]],
+    lane_bases=[[0, 0, 1, 0, 0, 0, 0, 0], [0, 0, 2, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1],
+                [0, 0, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1, 0, 0]],
+    warp_bases=[], block_bases=[], shape=[4, 2, 4, 2, 2, 2, 2, 2])
+K4P_LD = gl.SliceLayout(4, K4P)
+V4P_LD = gl.SliceLayout(6, gl.SliceLayout(7, V4P))
+V4P_6 = gl.SliceLayout(7, V4P)
 
 # packed int4 bytes (4 a register) -> code * s + m as float16 pairs, low nibbles ($0, $1) and high ($2, $3):
 # each nibble becomes the fp16 1024 + code (0x64 high byte), 1024 is subtracted (exact), then one fp16 fma
@@ -289,6 +340,13 @@ def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_
     z_lo = _ld(kz_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
     s_hi = _ld(ks_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
     z_hi = _ld(kz_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
+    return g0, blk, goff, _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A)
+
+
+@gluon.jit
+def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr):
+    """A 64-token int4 K tile's codes [i, nl, t, b] (K4_LOAD) and the lane's group parameters [i, nl, t, 1],
+    dequantized, as the B operand [128, 64] of q @ K^T (AS_A: the A operand [64, 128] of K @ q^T)."""
     lo, hi = _int4_dequant(kc, s_lo, z_lo, s_hi, z_hi)
     # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + b = logical 16 j + 8 h + 2 t + e
     # with 16 w + b = 4 j + 2 h + e (j = 4 w + b // 4)
@@ -299,7 +357,7 @@ def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_
     else:
         k = gl.permute(k, [3, 4, 2, 5, 0, 1])  # j h t e i nl
         k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
-    return g0, blk, goff, k
+    return k
 
 
 @gluon.jit
@@ -902,6 +960,88 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
 
 
 @gluon.jit
+def _r4_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot,
+              kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
+              vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1,
+              BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr):
+    """cp.async of the whole 64-token int4 tile at n0 into ring slot `slot` (RING4): K and V codes as [32 token
+    pairs, 128 bytes] (a pair's two 64-byte rows are adjacent in a block), the group scales and zero-points as
+    [8 groups of 8 tokens, 32] (4 a token, adjacent in a block). Nothing is read where not `valid` (the slot
+    fills with zeros). The caller commits the group."""
+    pr = gl.arange(0, 32, layout=R4C_P)
+    tok = n0 + pr * 2
+    blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(pr >= 0) & valid, other=0)
+    if IDX64:
+        blk = blk.to(gl.int64)
+    off = tok & (BLOCK_SIZE - 1)
+    col = gl.arange(0, 128, layout=R4C_B)[None, :]
+    cmask = (col >= 0) & valid
+    async_copy.async_copy_global_to_shared(
+        kbuf.index(slot), kc_ptr + (blk * k_cs0 + h * k_cs1 + off * k_cs2)[:, None] + col, mask=cmask)
+    async_copy.async_copy_global_to_shared(
+        vbuf.index(slot), vc_ptr + (blk * v_cs0 + h * v_cs1 + off * v_cs2)[:, None] + col, mask=cmask)
+    gg = gl.arange(0, 8, layout=R4P_G)
+    g0 = n0 + gg * 8
+    pblk = gl.load(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(gg >= 0) & valid, other=0)
+    if IDX64:
+        pblk = pblk.to(gl.int64)
+    poff = ((g0 >> 3) & (BLOCK_SIZE // 8 - 1)) * 32  # (a multiple of 32 elements: 16-byte copies)
+    pc = gl.arange(0, 32, layout=R4P_C)[None, :]
+    pmask = (pc >= 0) & valid
+    krow = (pblk * k_ss0 + h * k_ss1 + poff)[:, None] + pc
+    async_copy.async_copy_global_to_shared(ksbuf.index(slot), ks_ptr + krow, mask=pmask)
+    async_copy.async_copy_global_to_shared(kzbuf.index(slot), kz_ptr + krow, mask=pmask)
+    vrow = (pblk * v_ss0 + h * v_ss1 + poff)[:, None] + pc
+    async_copy.async_copy_global_to_shared(vsbuf.index(slot), vs_ptr + vrow, mask=pmask)
+    async_copy.async_copy_global_to_shared(vzbuf.index(slot), vz_ptr + vrow, mask=pmask)
+
+
+@gluon.jit
+def _r4_k_params(buf, slot):
+    """K's group parameters of ring slot `slot` for the lanes of K4_LOAD: ([i, nl, t, 1] low nibbles' group,
+    the same for the high nibbles'), each lane's own values (t // 2 and 2 + t // 2 of its token)."""
+    x = buf.index(slot).reshape([8, 8, 2, 2]).load(K4P_LD)  # [i, nl, hi, t1]: group 2 hi + t1 of token 8 i + nl
+    x, _ = gl.broadcast(gl.expand_dims(x, 4), gl.full([8, 8, 2, 2, 2], 0, x.dtype, layout=K4P))  # along t0
+    lo, hi = gl.split(gl.reshape(gl.permute(x, [0, 1, 3, 4, 2]), [8, 8, 4, 2]))  # [i, nl, t, hi]
+    return (gl.convert_layout(lo, K4_S, assert_trivial=True)[:, :, :, None],
+            gl.convert_layout(hi, K4_S, assert_trivial=True)[:, :, :, None])
+
+
+@gluon.jit
+def _r4_v_params(buf, slot):
+    """V's group parameters of ring slot `slot` for the lanes of V4_LOAD: [s, h, t, e, nl, 1] (groups nl // 4
+    and 2 + nl // 4 of token 16 s + 8 h + 2 t + e)."""
+    x = buf.index(slot).reshape([4, 2, 4, 2, 2, 2]).load(V4P_LD)  # [s, h, t, e, hi, nl2]
+    x, _ = gl.broadcast(gl.expand_dims(x, 6), gl.full([4, 2, 4, 2, 2, 2, 2], 0, x.dtype, layout=V4P_6))
+    x, _ = gl.broadcast(gl.expand_dims(x, 7), gl.full([4, 2, 4, 2, 2, 2, 2, 2], 0, x.dtype, layout=V4P))
+    lo, hi = gl.split(gl.reshape(gl.permute(x, [0, 1, 2, 3, 5, 6, 7, 4]), [4, 2, 4, 2, 8, 2]))
+    return (gl.convert_layout(lo, V4_S, assert_trivial=True)[:, :, :, :, :, None],
+            gl.convert_layout(hi, V4_S, assert_trivial=True)[:, :, :, :, :, None])
+
+
+@gluon.jit
+def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot):
+    """`_fragt_tile` on a whole tile landed in ring slot `slot` (`_r4_issue`): the lane's own bytes and group
+    parameters from shared memory, the same products and softmax."""
+    kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K4_RING), [8, 8, 4, 16]), K4_LOAD, assert_trivial=True)
+    ks_lo, ks_hi = _r4_k_params(ksbuf, slot)
+    kz_lo, kz_hi = _r4_k_params(kzbuf, slot)
+    k = _k4_operand(kc, ks_lo, kz_lo, ks_hi, kz_hi, True)
+    s = mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    p = gl.exp2(s - m_new[None, :])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=0)
+    vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V4_RING), [4, 2, 4, 2, 8, 8]), V4_LOAD,
+                           assert_trivial=True)
+    vs_lo, vs_hi = _r4_v_params(vsbuf, slot)
+    vz_lo, vz_hi = _r4_v_params(vzbuf, slot)
+    v = _v4_dequant(vc, vs_lo, vz_lo, vs_hi, vz_hi, True)
+    acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
+    return m_new, l_i, acc
+
+
+@gluon.jit
 def _t_row_vec(ptr, nblk, noff, nmask, h, ss0, ss1, ss2, MASKED: gl.constexpr):
     """A tile's per-token values (scales) [64] in the transposed scores' row layout, float32; nblk, noff
     [8 groups, 8] in ROWS8."""
@@ -984,6 +1124,7 @@ def _fragt_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
+    RING4: gl.constexpr = 0,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
@@ -1034,7 +1175,32 @@ def _fragt_decode_kernel(
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
     acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
-    for phase in gl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
+    FIRST: gl.constexpr = 1 if RING4 > 0 else 0  # the ring takes the whole tiles
+    if RING4 > 0:  # int4 K and V, groups of 32: whole tiles through a cp.async ring of RING4 + 1 slots
+        NSLOT: gl.constexpr = RING4 + 1
+        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 32, 128], R4_SMEM)
+        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 32, 128], R4_SMEM)
+        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
+        kzbuf = gl.allocate_shared_memory(kz_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
+        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
+        vzbuf = gl.allocate_shared_memory(vz_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
+        n_full = (full_end - start) // 64
+        for t in gl.static_range(RING4):
+            _r4_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, t,
+                      kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
+                      vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64)
+            async_copy.commit_group()
+        for i in range(0, n_full):
+            _r4_issue(start + (i + RING4) * 64, i + RING4 < n_full, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf,
+                      vzbuf, (i + RING4) % NSLOT,
+                      kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
+                      vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64)
+            async_copy.commit_group()
+            async_copy.wait_group(RING4)  # tile i has landed
+            gl.thread_barrier()  # the reads cross lanes
+            m_i, l_i, acc = _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, i % NSLOT)
+        async_copy.wait_group(0)
+    for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
         for n0 in range(lo, hi, 64):
