@@ -82,10 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                         row = {"format": fmt_name, "batch": int(b), "lengths": kind, "tokens": sum(ls),
                                "max_len": max(ls), "variant": variant, "plan_variant": plan.variant,
                                "splits": splits, "plan_splits": plan.grid[2], "prefetch": pf_used,
+                               "ring4": plan.options.get("RING4", 0),
                                "us": us, "TBps": nbytes / us / 1e6, "max_diff": diff}
                         rows.append(row)
                         print(f"{fmt_name:9s} b{int(b):3d} {kind:14s} {variant:5s}->{plan.variant:5s} pf={pf_used} "
-                              f"sp={splits:3d}->{plan.grid[2]:3d} {us:8.1f} us {row['TBps']:5.2f} TB/s diff {diff:.1e}",
+                              f"ring4={row['ring4']} sp={splits:3d}->{plan.grid[2]:3d} {us:8.1f} us {row['TBps']:5.2f} TB/s diff {diff:.1e}",
                               flush=True)
             lc = meta = q = None
             torch.cuda.empty_cache()
