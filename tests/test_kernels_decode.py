@@ -323,7 +323,8 @@ def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
     ("int8", "int8", 32, 16, False)])
 def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
     """"fragt"'s int4 cp.async ring (ring4 / KVPACK_INT4_RING): only int4 K and V in groups of 32 (4 parameters a
-    token: 16-byte copies of an 8-token group's) and blocks of >= 16 tokens; off by default."""
+    token: 16-byte copies of an 8-token group's) and blocks of >= 16 tokens; off by default; its register cap
+    only with it."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
@@ -333,7 +334,9 @@ def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
     plan = da.plan_decode(q, lc, meta, 0.1, variant=variant, ring4=2)
     assert plan.options.get("RING4") == (2 if want else None), plan.options
     monkeypatch.setattr(da, "INT4_RING", 1)
-    assert da.plan_decode(q, lc, meta, 0.1, variant=variant).options.get("RING4") == (1 if want else None)
+    monkeypatch.setattr(da, "INT4_RING_MAXNREG", 128)  # the ring's own register cap (KVPACK_INT4_RING_MAXNREG)
+    options = da.plan_decode(q, lc, meta, 0.1, variant=variant).options
+    assert (options.get("RING4"), options.get("maxnreg")) == ((1, 128) if want else (None, None))
 
 
 @pytest.mark.gpu

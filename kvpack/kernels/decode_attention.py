@@ -72,6 +72,10 @@ FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
 # ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25,
 # compiled only (sm_80 / 86 / 90): off (0) until measured on a GPU.
 INT4_RING = int(os.environ.get("KVPACK_INT4_RING", "0"))
+# ... and a ptxas register cap for it (KVPACK_INT4_RING_MAXNREG; 0: none): fed from shared memory as it computes, its
+# tile loop compiles for sm_90 with 128 registers (16 one-warp programs an SM by registers, 11 by shared memory)
+# without spills (direct loads: 150-175 STL in the loop at 168 or 128), its masked last tile does spill
+INT4_RING_MAXNREG = int(os.environ.get("KVPACK_INT4_RING_MAXNREG", "0"))
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -679,6 +683,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     ring4 = INT4_RING if ring4 is None else ring4
     if ring4 and variant == "fragt" and int4_ring_ok(kp, vp):
         options["RING4"] = ring4
+        if INT4_RING_MAXNREG and not maxnreg:
+            options["maxnreg"] = INT4_RING_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
