@@ -337,6 +337,7 @@ def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
     monkeypatch.setattr(da, "INT4_RING_MAXNREG", 128)  # the ring's own register cap (KVPACK_INT4_RING_MAXNREG)
     options = da.plan_decode(q, lc, meta, 0.1, variant=variant).options
     assert (options.get("RING4"), options.get("maxnreg")) == ((1, 128) if want else (None, None))
+    assert options.get("RING4_VPAIRS") is (True if want else None)  # V converted by token pairs (default)
 
 
 @pytest.mark.gpu

@@ -76,6 +76,9 @@ INT4_RING = int(os.environ.get("KVPACK_INT4_RING", "0"))
 # tile loop compiles for sm_90 with 128 registers (16 one-warp programs an SM by registers, 11 by shared memory)
 # without spills (direct loads: 150-175 STL in the loop at 168 or 128), its masked last tile does spill
 INT4_RING_MAXNREG = int(os.environ.get("KVPACK_INT4_RING_MAXNREG", "0"))
+# ... converting V by token pairs (`decode_frag._v4_dequant_pairs`: sm_90 tile loop 1,652 -> 1,497 instructions);
+# KVPACK_INT4_RING_VPAIRS=0: by channel pairs as the direct loads do (measuring)
+INT4_RING_VPAIRS = os.environ.get("KVPACK_INT4_RING_VPAIRS", "1") != "0"
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -683,6 +686,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     ring4 = INT4_RING if ring4 is None else ring4
     if ring4 and variant == "fragt" and int4_ring_ok(kp, vp):
         options["RING4"] = ring4
+        options["RING4_VPAIRS"] = INT4_RING_VPAIRS
         if INT4_RING_MAXNREG and not maxnreg:
             options["maxnreg"] = INT4_RING_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)

@@ -93,7 +93,14 @@ data between lanes.
   operations as the direct loads: the gpu-marked test expects the same bits. sm_90 SASS of the tile loop, 2
   splits: 1,938 -> 1,652 instructions (the 96 two-byte global loads and their ~300 address instructions
   become 96 LDS.U16, 20 LDGSTS.128 and 24 LDS of codes); ~253 registers either way; 20 KB of shared memory
-  a program at RING4 = 1, so an sm_86 multiprocessor (100 KB) holds 4 such programs.
+  a program at RING4 = 1, so an sm_86 multiprocessor (100 KB) holds 4 such programs. With the ring V also
+  converts by token pairs (RING4_VPAIRS, `_v4_dequant_pairs`): V^T's A operand pairs consecutive tokens, the
+  direct path's conversion pairs consecutive channels and then swaps halves (~128 PRMT a tile); here each
+  register comes out as (even token, odd token) of one channel: one prmt per byte pair, one lop3 per nibble
+  (the high nibble in place, its group scale / 16), the same sub and fma: 1,652 -> 1,497 instructions a tile.
+  Bit-equal to the direct path while every V group scale is >= 2^-10 (s / 16 a normal fp16; below, at most
+  ~1 ulp of a value). Under a 128-register cap (KVPACK_INT4_RING_MAXNREG) the tile loop compiles without
+  spills (1,501); the masked last tile spills.
 
 - Rotated formats (session 19): q @ R is formed in the kernel as q loads (`_q_rot`: q is loaded in the
   kernel's bit-permuted channel order, and a 128-point Sylvester Hadamard is unchanged by a permutation of
@@ -230,6 +237,12 @@ V4P = gl.DistributedLinearLayout(
     lane_bases=[[0, 0, 1, 0, 0, 0, 0, 0], [0, 0, 2, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1],
                 [0, 0, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1, 0, 0]],
     warp_bases=[], block_bases=[], shape=[4, 2, 4, 2, 2, 2, 2, 2])
+# V4_S with the token parity last, in registers ([s, h, t, nl, e]: e, h, s in registers, lane 4 nl + t)
+VP_E = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 2], threads_per_warp=[1, 1, 4, 8, 1], warps_per_cta=[1, 1, 1, 1, 1],
+                        order=[4, 1, 0, 2, 3])
+# V4_LOAD's codes of one token parity [s, h, t, nl, m]: m, h, s in registers (m fastest), lane 4 nl + t
+VP_C = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 8], threads_per_warp=[1, 1, 4, 8, 1], warps_per_cta=[1, 1, 1, 1, 1],
+                        order=[4, 1, 0, 2, 3])
 K4P_LD = gl.SliceLayout(4, K4P)
 V4P_LD = gl.SliceLayout(6, gl.SliceLayout(7, V4P))
 V4P_6 = gl.SliceLayout(7, V4P)
@@ -257,6 +270,93 @@ fma.rn.f16x2 $1, a1, $6, $8;
 fma.rn.f16x2 $2, a2, $9, $11;
 fma.rn.f16x2 $3, a3, $10, $12;
 }""")
+
+
+# V's token pairs (the RING4 path): two tokens' packed int4 bytes, the same 4 channel bytes each ($8: the even
+# token's register, $9: the odd's) -> for each byte, one fp16 pair (even token, odd token) of its low nibble and
+# one of its high nibble: the pairs the A operand of V^T @ P^T holds (consecutive tokens), so no halves move
+# after the conversion. A byte pair is picked once (prmt), each nibble masked into 0x64 by one lop3 ((x & mask) |
+# 0x64006400, lut 0xEA: fp16 1024 + code; the
+# high nibble in place: 1024 + 16 code), 1024 subtracted (exact), then one fma with the two tokens' packed
+# (scale, scale) and (zero, zero) pairs ($10-$13, $14-$17; $18-$21 the high group's scales / 16, $22-$25 its
+# zeros: 16 code * (s / 16) is code * s exactly while s / 16 is a normal fp16, s >= 2^-10).
+# Outputs: $0 = low nibble of byte 0, $1 = of byte 1, $2, $3 of bytes 2, 3; $4-$7 the high nibbles.
+_ASM_INT4_DEQ_PAIRS = gl.constexpr("""{
+.reg .b32 x, a, k;
+mov.b32 k, 0x64006400;
+prmt.b32 x, $8, $9, 0x0400;
+lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $0, a, $10, $14;
+lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $4, a, $18, $22;
+prmt.b32 x, $8, $9, 0x0501;
+lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $1, a, $10, $14;
+lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $5, a, $18, $22;
+prmt.b32 x, $8, $9, 0x0602;
+lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $2, a, $10, $14;
+lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $6, a, $18, $22;
+prmt.b32 x, $8, $9, 0x0703;
+lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $3, a, $10, $14;
+lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, k;
+fma.rn.f16x2 $7, a, $18, $22;
+}""")
+
+
+_ASM_INT4_DEQ_PAIRS_CONSTRAINTS = gl.constexpr("=r," * 8 + "r,r," + ",".join(["r"] * 16))
+
+
+@gluon.jit
+def _pack_pair(a, b):
+    """Two fp16 tensors -> one int32 tensor of (a, b) pairs (a in the low half)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, {$1, $2};", "=r,h,h", [a, b], dtype=gl.int32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _param_pairs(x, like, SIXTEENTH: gl.constexpr):
+    """V's group parameters [s, h, t, e, nl] (V4_S) -> (even token's, odd token's) packed pairs [s, h, t, nl],
+    broadcast to `like` [s, h, t, nl, m] (SIXTEENTH: times 1 / 16, exact for normal fp16 values)."""
+    xa, xb = gl.split(gl.convert_layout(gl.permute(x, [0, 1, 2, 4, 3]), VP_E))  # [s, h, t, nl]
+    if SIXTEENTH:
+        xa = xa * 0.0625
+        xb = xb * 0.0625
+    pair = gl.convert_layout(_pack_pair(xa, xb), gl.SliceLayout(4, like.type.layout))  # (the same lanes)
+    return gl.broadcast(gl.expand_dims(pair, 4), like)[0]
+
+
+@gluon.jit
+def _v4_dequant_pairs(vc, s_lo, z_lo, s_hi, z_hi):
+    """`_v4_dequant` (AS_A) converting token pairs (`_ASM_INT4_DEQ_PAIRS`): vc [s, h, t, e, nl, m] (V4_LOAD), the
+    parameters [s, h, t, e, nl] (V4_S); the same values, as the A operand [128, 64] of V^T @ P^T."""
+    ca, cb = gl.split(gl.permute(vc, [0, 1, 2, 4, 5, 3]))  # [s, h, t, nl, m]: the even and the odd token
+    # the asm takes 4 consecutive registers of each operand and its outputs are read as bytes m = 4 w + 0..3
+    # below: the compiler proves m the fastest register dimension (a trivial conversion to VP_C)
+    ca = gl.convert_layout(ca, VP_C, assert_trivial=True)
+    cb = gl.convert_layout(cb, VP_C, assert_trivial=True)
+    o = gl.inline_asm_elementwise(_ASM_INT4_DEQ_PAIRS, _ASM_INT4_DEQ_PAIRS_CONSTRAINTS,
+                                  [ca, cb, _param_pairs(s_lo, ca, False), _param_pairs(z_lo, ca, False),
+                                   _param_pairs(s_hi, ca, True), _param_pairs(z_hi, ca, False)],
+                                  dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=4)
+    # o[0]: per 4-byte word (m = 4 w + mm), elements mm = 2 c + e: byte 2 c's low nibble, token e; o[1]: bytes 2 + c
+    lo = gl.join(gl.reshape(o[0], [4, 2, 4, 8, 2, 2, 2]), gl.reshape(o[1], [4, 2, 4, 8, 2, 2, 2]))  # s h t nl w c e q
+    hi = gl.join(gl.reshape(o[2], [4, 2, 4, 8, 2, 2, 2]), gl.reshape(o[3], [4, 2, 4, 8, 2, 2, 2]))
+    v = gl.join(lo, hi)  # [s, h, t, nl, w, c, e, q, W]: byte 8 nl + 4 w + 2 q + c, nibble W, token 16 s + 8 h + 2 t + e
+    v = gl.permute(v, [0, 1, 2, 6, 8, 4, 7, 5, 3])  # s h t e W w q c nl
+    # token 16 s + 8 h + 2 t + e; column (8 W + m) * 8 + nl with m = 4 w + 2 q + c: `_v4_dequant`'s order
+    return _v_operand(gl.reshape(v, [64, 128]), True)
 
 
 @gluon.jit
@@ -1009,18 +1109,17 @@ def _r4_k_params(buf, slot):
 
 @gluon.jit
 def _r4_v_params(buf, slot):
-    """V's group parameters of ring slot `slot` for the lanes of V4_LOAD: [s, h, t, e, nl, 1] (groups nl // 4
+    """V's group parameters of ring slot `slot` for the lanes of V4_LOAD: [s, h, t, e, nl] (groups nl // 4
     and 2 + nl // 4 of token 16 s + 8 h + 2 t + e)."""
     x = buf.index(slot).reshape([4, 2, 4, 2, 2, 2]).load(V4P_LD)  # [s, h, t, e, hi, nl2]
     x, _ = gl.broadcast(gl.expand_dims(x, 6), gl.full([4, 2, 4, 2, 2, 2, 2], 0, x.dtype, layout=V4P_6))
     x, _ = gl.broadcast(gl.expand_dims(x, 7), gl.full([4, 2, 4, 2, 2, 2, 2, 2], 0, x.dtype, layout=V4P))
     lo, hi = gl.split(gl.reshape(gl.permute(x, [0, 1, 2, 3, 5, 6, 7, 4]), [4, 2, 4, 2, 8, 2]))
-    return (gl.convert_layout(lo, V4_S, assert_trivial=True)[:, :, :, :, :, None],
-            gl.convert_layout(hi, V4_S, assert_trivial=True)[:, :, :, :, :, None])
+    return gl.convert_layout(lo, V4_S, assert_trivial=True), gl.convert_layout(hi, V4_S, assert_trivial=True)
 
 
 @gluon.jit
-def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot):
+def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot, V_PAIRS: gl.constexpr = False):
     """`_fragt_tile` on a whole tile landed in ring slot `slot` (`_r4_issue`): the lane's own bytes and group
     parameters from shared memory, the same products and softmax."""
     kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K4_RING), [8, 8, 4, 16]), K4_LOAD, assert_trivial=True)
@@ -1036,7 +1135,11 @@ def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, s
                            assert_trivial=True)
     vs_lo, vs_hi = _r4_v_params(vsbuf, slot)
     vz_lo, vz_hi = _r4_v_params(vzbuf, slot)
-    v = _v4_dequant(vc, vs_lo, vz_lo, vs_hi, vz_hi, True)
+    if V_PAIRS:
+        v = _v4_dequant_pairs(vc, vs_lo, vz_lo, vs_hi, vz_hi)
+    else:
+        v = _v4_dequant(vc, vs_lo[:, :, :, :, :, None], vz_lo[:, :, :, :, :, None], vs_hi[:, :, :, :, :, None],
+                        vz_hi[:, :, :, :, :, None], True)
     acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
     return m_new, l_i, acc
 
@@ -1124,7 +1227,7 @@ def _fragt_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
-    RING4: gl.constexpr = 0,
+    RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
@@ -1198,7 +1301,8 @@ def _fragt_decode_kernel(
             async_copy.commit_group()
             async_copy.wait_group(RING4)  # tile i has landed
             gl.thread_barrier()  # the reads cross lanes
-            m_i, l_i, acc = _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, i % NSLOT)
+            m_i, l_i, acc = _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, i % NSLOT,
+                                             RING4_VPAIRS)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
