@@ -176,6 +176,11 @@ def variants():
                         assert plan.options.get("RING4") == 1, plan.options
                         out.append((f"decode-t4ring/{name}/D{D}/splits{splits}/{merge}", plan.kernel, plan.args,
                                     plan.options))
+                    lc128 = LayerKVCache(make_pool(name, D, 8, 2, 16, "cpu", 128), make_pool(name, D, 8, 2, 16, "cpu", 128))
+                    plan = plan_decode(q, lc128, meta2, 0.1, num_splits=2, variant="fragt", merge="separate", ring4=1)
+                    assert plan.options.get("RING4") == 1, plan.options  # one group a token
+                    out.append((f"decode-t4ring-g128/{name}/D{D}/splits2/separate", plan.kernel, plan.args,
+                                plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
@@ -306,8 +311,8 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     assert any(r["shared"] == 0 for r in frag)  # (the bound is not always 2048)
     ring = [r for r in aot_results if r["variant"].startswith("decode-ring")]  # (its cp.async ring: 2 tiles)
     assert ring and all(r["shared"] >= 2 * 16384 for r in ring), [(r["variant"], r["shared"]) for r in ring]
-    ring4 = [r for r in aot_results if r["variant"].startswith("decode-t4ring")]  # int4's ring: 2 slots of 10 KB
-    assert ring4 and all(r["shared"] >= 2 * 10240 for r in ring4), [(r["variant"], r["shared"]) for r in ring4]
+    ring4 = [r for r in aot_results if r["variant"].startswith("decode-t4ring")]  # int4's ring: 2 slots of 8.5-10 KB
+    assert ring4 and all(r["shared"] >= 2 * 8704 for r in ring4), [(r["variant"], r["shared"]) for r in ring4]
     assert dot and all(r["shared"] > 8192 for r in dot)  # the check would see staging
 
 

@@ -319,12 +319,12 @@ def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
 
 @pytest.mark.parametrize("k_name,v_name,group,block_size,want", [
     ("int4", "int4", 32, 16, True), ("int4", "int4", 32, 64, True), ("int4", "int4", 16, 16, False),
-    ("int4", "int4", 64, 16, False), ("int4", "int4", 128, 16, False), ("int4", "int4", 32, 8, False),
+    ("int4", "int4", 64, 16, True), ("int4", "int4", 128, 16, True), ("int4", "int4", 32, 8, False),
     ("int8", "int8", 32, 16, False)])
 def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
-    """"fragt"'s int4 cp.async ring (ring4 / KVPACK_INT4_RING): only int4 K and V in groups of 32 (4 parameters a
-    token: 16-byte copies of an 8-token group's) and blocks of >= 16 tokens; off by default; its register cap
-    only with it."""
+    """"fragt"'s int4 cp.async ring (ring4 / KVPACK_INT4_RING): only int4 K and V in groups of 32, 64 or 128 (an
+    8-token group's parameters in 16-byte copies; 16-channel groups would need a lane's K bytes split) and blocks
+    of >= 16 tokens; off by default; its register cap only with it."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
@@ -341,18 +341,19 @@ def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("splits,merge", [(1, "auto"), (3, "separate"), (3, "fused")])
 @pytest.mark.parametrize("Hq", [32, 16])
-def test_decode_fragt_int4_ring_gpu(block_size, splits, merge, Hq):
+def test_decode_fragt_int4_ring_gpu(group_size, block_size, splits, merge, Hq):
     """"fragt" on int4 with whole tiles copied ahead through the cp.async ring (ring4 1 and 2): the same bits as
     its direct loads (same codes and parameters, same operations), and the reference's values; lengths below
     one tile, exactly one and two tiles, partial last tiles, random block tables, GQA groups 4 and 2, split-K
-    with either merge."""
+    with either merge, groups of 32, 64 and 128 channels."""
     from kvpack.kernels.decode_attention import decode_paged_attention
 
     lens = [1, 17, 64, 128, 1000, 4099, 257]
-    q, lc, meta = build_case("int4", "int4", lens, Hq, 8, 128, block_size, device="cuda")
+    q, lc, meta = build_case("int4", "int4", lens, Hq, 8, 128, block_size, device="cuda", group_size=group_size)
     scale = 128 ** -0.5
     outs = [decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", merge=merge, ring4=r)
             for r in (0, 1, 2)]

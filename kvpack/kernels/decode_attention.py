@@ -68,7 +68,7 @@ GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
 # session 22, H200, per layer: fp8 at 64 x 2048 79.0 -> 75.8 us, 128 x 1024 84.8 -> 82.3-83.5, against
 # `rotate_heads` before and after); KVPACK_FRAG_ROT_ONE_SPLIT=0 puts them back there (measuring), read at import
 FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
-# "fragt" on int4 K and V (groups of 32, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
+# "fragt" on int4 K and V (groups of 32, 64 or 128, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
 # ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25,
 # compiled only (sm_80 / 86 / 90): off (0) until measured on a GPU.
 INT4_RING = int(os.environ.get("KVPACK_INT4_RING", "0"))
@@ -552,13 +552,16 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
 
 
 def int4_ring_ok(kp, vp) -> bool:
-    """Whether "fragt"'s int4 ring (`decode_frag._r4_issue`) can copy these pools: int4 K and V in groups of 32
-    (4 parameters a token), blocks of >= 16 tokens, and each block's code rows and parameter rows adjacent
-    (a token pair's 128 code bytes, an 8-token group's 32 parameters: 16-byte copies)."""
+    """Whether "fragt"'s int4 ring (`decode_frag._r4_issue`) can copy these pools: int4 K and V in the same groups
+    of 32, 64 or 128 channels (4, 2, 1 parameters a token), blocks of >= 16 tokens, and each block's code rows and
+    parameter rows adjacent (a token pair's 128 code bytes, an 8-token group's parameters: 16-byte copies)."""
+    if kp.fmt.kind != "int4" or vp.fmt.kind != "int4" or kp.fmt.group_size != vp.fmt.group_size:
+        return False
     for p in (kp, vp):
-        if p.fmt.kind != "int4" or p.fmt.group_size != 32 or p.block_size < 16 or p.fmt.head_dim != 128:
+        if p.fmt.group_size not in (32, 64, 128) or p.block_size < 16 or p.fmt.head_dim != 128:
             return False
-        if p.codes.stride()[2:] != (64, 1) or p.scales.stride()[2:] != (4, 1) or p.zeros.stride() != p.scales.stride():
+        ng = 128 // p.fmt.group_size
+        if p.codes.stride()[2:] != (64, 1) or p.scales.stride()[2:] != (ng, 1) or p.zeros.stride() != p.scales.stride():
             return False
     return True
 

@@ -83,11 +83,13 @@ data between lanes.
   registers did not buy time: both kernels wait on their loads, not on issue slots.
 
 - int4 cp.async ring ("fragt", RING4 > 0; session 25, `decode_attention.INT4_RING` / KVPACK_INT4_RING, off by
-  default: compiled, not yet run on a GPU): int4 K and V in groups of 32 copy whole tiles RING4 tiles ahead
+  default: compiled, not yet run on a GPU): int4 K and V in groups of 32 (also 64 and 128: 2 or 1 parameters a
+  token, every lane then reading the same groups; sm_90 tile loop 1,602 / 1,378 instructions against 1,838 /
+  1,778 with direct loads) copy whole tiles RING4 tiles ahead
   (`_r4_issue`) into a ring of RING4 + 1 slots of 10 KB: the codes as [32 token pairs, 128 bytes] (a pair's
   two rows are adjacent in a block; 32-byte units swizzled by pair % 4, so that K's 16-byte and V's 8-byte
   fragment reads are free of bank conflicts) and the group scales and zero-points as [8 groups of 8 tokens,
-  32] (16-byte copies). Each lane then reads its own code bytes (`K4_RING`, `V4_RING`: register renamings of
+  8 NG] (16-byte copies). Each lane then reads its own code bytes (`K4_RING`, `V4_RING`: register renamings of
   K4_LOAD / V4_LOAD) and its two groups' parameters, loaded once per lane pair (K) or lane quad (V) and
   broadcast along the lane bits that share them (`_r4_k_params`, `_r4_v_params`). Same codes, parameters and
   operations as the direct loads: the gpu-marked test expects the same bits. sm_90 SASS of the tile loop, 2
@@ -213,8 +215,13 @@ R4_SMEM = gl.SwizzledSharedLayout(vec=32, per_phase=1, max_phase=4, order=[1, 0]
 R4P_SMEM = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
 R4_COPY = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[1, 1], order=[1, 0])
 R4P_COPY = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[8, 4], warps_per_cta=[1, 1], order=[1, 0])
+# groups of 64 / 128 (2 / 1 parameters a token: rows of 16 / 8): the spare lanes copy the same 16 bytes again
+R4P_COPY2 = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[16, 2], warps_per_cta=[1, 1], order=[1, 0])
+R4P_COPY1 = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32, 1], warps_per_cta=[1, 1], order=[1, 0])
 R4C_P, R4C_B = (_dims(R4_COPY, 2, d) for d in range(2))
 R4P_G, R4P_C = (_dims(R4P_COPY, 2, d) for d in range(2))
+R4P2_G, R4P2_C = (_dims(R4P_COPY2, 2, d) for d in range(2))
+R4P1_G, R4P1_C = (_dims(R4P_COPY1, 2, d) for d in range(2))
 # K4_LOAD and V4_LOAD over [pair, byte]: the same registers and lanes (token 8 i + nl = 2 p + byte // 64)
 K4_RING = gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [4, 0], [8, 0], [16, 0]],
@@ -243,9 +250,15 @@ VP_E = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 2], threads_per_warp=[1, 1,
 # V4_LOAD's codes of one token parity [s, h, t, nl, m]: m, h, s in registers (m fastest), lane 4 nl + t
 VP_C = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 8], threads_per_warp=[1, 1, 4, 8, 1], warps_per_cta=[1, 1, 1, 1, 1],
                         order=[4, 1, 0, 2, 3])
-K4P_LD = gl.SliceLayout(4, K4P)
-V4P_LD = gl.SliceLayout(6, gl.SliceLayout(7, V4P))
-V4P_6 = gl.SliceLayout(7, V4P)
+# groups of 32 load [i, nl, hi, t1] (K) / [s, h, t, e, hi, nl2] (V); of 64 (the same group for every lane)
+# [i, nl, hi] / [s, h, t, e, hi]; of 128 (one group: hi 0 and 1 the same) [i, nl] / [s, h, t, e]
+K4P_4 = gl.SliceLayout(4, K4P)
+K4P_3 = gl.SliceLayout(3, K4P_4)
+K4P_2 = gl.SliceLayout(2, K4P_3)
+V4P_7 = gl.SliceLayout(7, V4P)
+V4P_6 = gl.SliceLayout(6, V4P_7)
+V4P_5 = gl.SliceLayout(5, V4P_6)
+V4P_4 = gl.SliceLayout(4, V4P_5)
 
 # packed int4 bytes (4 a register) -> code * s + m as float16 pairs, low nibbles ($0, $1) and high ($2, $3):
 # each nibble becomes the fp16 1024 + code (0x64 high byte), 1024 is subtracted (exact), then one fp16 fma
@@ -1063,11 +1076,11 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
 def _r4_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot,
               kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
               vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1,
-              BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr):
+              BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, NG: gl.constexpr = 4):
     """cp.async of the whole 64-token int4 tile at n0 into ring slot `slot` (RING4): K and V codes as [32 token
     pairs, 128 bytes] (a pair's two 64-byte rows are adjacent in a block), the group scales and zero-points as
-    [8 groups of 8 tokens, 32] (4 a token, adjacent in a block). Nothing is read where not `valid` (the slot
-    fills with zeros). The caller commits the group."""
+    [8 groups of 8 tokens, 8 NG] (NG = 128 / group size a token, adjacent in a block). Nothing is read where not
+    `valid` (the slot fills with zeros). The caller commits the group."""
     pr = gl.arange(0, 32, layout=R4C_P)
     tok = n0 + pr * 2
     blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(pr >= 0) & valid, other=0)
@@ -1080,13 +1093,20 @@ def _r4_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot
         kbuf.index(slot), kc_ptr + (blk * k_cs0 + h * k_cs1 + off * k_cs2)[:, None] + col, mask=cmask)
     async_copy.async_copy_global_to_shared(
         vbuf.index(slot), vc_ptr + (blk * v_cs0 + h * v_cs1 + off * v_cs2)[:, None] + col, mask=cmask)
-    gg = gl.arange(0, 8, layout=R4P_G)
+    if NG == 4:
+        gg = gl.arange(0, 8, layout=R4P_G)
+        pc = gl.arange(0, 32, layout=R4P_C)[None, :]
+    elif NG == 2:
+        gg = gl.arange(0, 8, layout=R4P2_G)
+        pc = gl.arange(0, 16, layout=R4P2_C)[None, :]
+    else:
+        gg = gl.arange(0, 8, layout=R4P1_G)
+        pc = gl.arange(0, 8, layout=R4P1_C)[None, :]
     g0 = n0 + gg * 8
     pblk = gl.load(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(gg >= 0) & valid, other=0)
     if IDX64:
         pblk = pblk.to(gl.int64)
-    poff = ((g0 >> 3) & (BLOCK_SIZE // 8 - 1)) * 32  # (a multiple of 32 elements: 16-byte copies)
-    pc = gl.arange(0, 32, layout=R4P_C)[None, :]
+    poff = ((g0 >> 3) & (BLOCK_SIZE // 8 - 1)) * (8 * NG)  # (a multiple of 8 elements: 16-byte copies)
     pmask = (pc >= 0) & valid
     krow = (pblk * k_ss0 + h * k_ss1 + poff)[:, None] + pc
     async_copy.async_copy_global_to_shared(ksbuf.index(slot), ks_ptr + krow, mask=pmask)
@@ -1097,10 +1117,19 @@ def _r4_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot
 
 
 @gluon.jit
-def _r4_k_params(buf, slot):
+def _r4_k_params(buf, slot, NG: gl.constexpr = 4):
     """K's group parameters of ring slot `slot` for the lanes of K4_LOAD: ([i, nl, t, 1] low nibbles' group,
-    the same for the high nibbles'), each lane's own values (t // 2 and 2 + t // 2 of its token)."""
-    x = buf.index(slot).reshape([8, 8, 2, 2]).load(K4P_LD)  # [i, nl, hi, t1]: group 2 hi + t1 of token 8 i + nl
+    the same for the high nibbles'), each lane's own values (groups of 32: t // 2 and 2 + t // 2 of its token;
+    of 64: 0 and 1; of 128: 0 twice)."""
+    if NG == 4:
+        x = buf.index(slot).reshape([8, 8, 2, 2]).load(K4P_4)  # [i, nl, hi, t1]: group 2 hi + t1 of token 8 i + nl
+    else:
+        if NG == 2:
+            x = buf.index(slot).reshape([8, 8, 2]).load(K4P_3)  # [i, nl, hi]
+        else:
+            x = buf.index(slot).load(K4P_2)  # [i, nl]
+            x, _ = gl.broadcast(gl.expand_dims(x, 2), gl.full([8, 8, 2], 0, x.dtype, layout=K4P_3))  # hi
+        x, _ = gl.broadcast(gl.expand_dims(x, 3), gl.full([8, 8, 2, 2], 0, x.dtype, layout=K4P_4))  # along t1
     x, _ = gl.broadcast(gl.expand_dims(x, 4), gl.full([8, 8, 2, 2, 2], 0, x.dtype, layout=K4P))  # along t0
     lo, hi = gl.split(gl.reshape(gl.permute(x, [0, 1, 3, 4, 2]), [8, 8, 4, 2]))  # [i, nl, t, hi]
     return (gl.convert_layout(lo, K4_S, assert_trivial=True)[:, :, :, None],
@@ -1108,23 +1137,32 @@ def _r4_k_params(buf, slot):
 
 
 @gluon.jit
-def _r4_v_params(buf, slot):
-    """V's group parameters of ring slot `slot` for the lanes of V4_LOAD: [s, h, t, e, nl] (groups nl // 4
-    and 2 + nl // 4 of token 16 s + 8 h + 2 t + e)."""
-    x = buf.index(slot).reshape([4, 2, 4, 2, 2, 2]).load(V4P_LD)  # [s, h, t, e, hi, nl2]
-    x, _ = gl.broadcast(gl.expand_dims(x, 6), gl.full([4, 2, 4, 2, 2, 2, 2], 0, x.dtype, layout=V4P_6))
+def _r4_v_params(buf, slot, NG: gl.constexpr = 4):
+    """V's group parameters of ring slot `slot` for the lanes of V4_LOAD: [s, h, t, e, nl] (groups of 32:
+    nl // 4 and 2 + nl // 4 of token 16 s + 8 h + 2 t + e; of 64: 0 and 1; of 128: 0 twice)."""
+    if NG == 4:
+        x = buf.index(slot).reshape([4, 2, 4, 2, 2, 2]).load(V4P_6)  # [s, h, t, e, hi, nl2]
+    else:
+        if NG == 2:
+            x = buf.index(slot).reshape([4, 2, 4, 2, 2]).load(V4P_5)  # [s, h, t, e, hi]
+        else:
+            x = buf.index(slot).reshape([4, 2, 4, 2]).load(V4P_4)  # [s, h, t, e]
+            x, _ = gl.broadcast(gl.expand_dims(x, 4), gl.full([4, 2, 4, 2, 2], 0, x.dtype, layout=V4P_5))  # hi
+        x, _ = gl.broadcast(gl.expand_dims(x, 5), gl.full([4, 2, 4, 2, 2, 2], 0, x.dtype, layout=V4P_6))  # nl2
+    x, _ = gl.broadcast(gl.expand_dims(x, 6), gl.full([4, 2, 4, 2, 2, 2, 2], 0, x.dtype, layout=V4P_7))
     x, _ = gl.broadcast(gl.expand_dims(x, 7), gl.full([4, 2, 4, 2, 2, 2, 2, 2], 0, x.dtype, layout=V4P))
     lo, hi = gl.split(gl.reshape(gl.permute(x, [0, 1, 2, 3, 5, 6, 7, 4]), [4, 2, 4, 2, 8, 2]))
     return gl.convert_layout(lo, V4_S, assert_trivial=True), gl.convert_layout(hi, V4_S, assert_trivial=True)
 
 
 @gluon.jit
-def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot, V_PAIRS: gl.constexpr = False):
+def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot, V_PAIRS: gl.constexpr = False,
+                     NG: gl.constexpr = 4):
     """`_fragt_tile` on a whole tile landed in ring slot `slot` (`_r4_issue`): the lane's own bytes and group
     parameters from shared memory, the same products and softmax."""
     kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K4_RING), [8, 8, 4, 16]), K4_LOAD, assert_trivial=True)
-    ks_lo, ks_hi = _r4_k_params(ksbuf, slot)
-    kz_lo, kz_hi = _r4_k_params(kzbuf, slot)
+    ks_lo, ks_hi = _r4_k_params(ksbuf, slot, NG)
+    kz_lo, kz_hi = _r4_k_params(kzbuf, slot, NG)
     k = _k4_operand(kc, ks_lo, kz_lo, ks_hi, kz_hi, True)
     s = mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     m_new = gl.maximum(m_i, gl.max(s, axis=0))
@@ -1133,8 +1171,8 @@ def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, s
     l_i = l_i * alpha + gl.sum(p, axis=0)
     vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V4_RING), [4, 2, 4, 2, 8, 8]), V4_LOAD,
                            assert_trivial=True)
-    vs_lo, vs_hi = _r4_v_params(vsbuf, slot)
-    vz_lo, vz_hi = _r4_v_params(vzbuf, slot)
+    vs_lo, vs_hi = _r4_v_params(vsbuf, slot, NG)
+    vz_lo, vz_hi = _r4_v_params(vzbuf, slot, NG)
     if V_PAIRS:
         v = _v4_dequant_pairs(vc, vs_lo, vz_lo, vs_hi, vz_hi)
     else:
@@ -1279,30 +1317,31 @@ def _fragt_decode_kernel(
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
     acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
     FIRST: gl.constexpr = 1 if RING4 > 0 else 0  # the ring takes the whole tiles
-    if RING4 > 0:  # int4 K and V, groups of 32: whole tiles through a cp.async ring of RING4 + 1 slots
+    if RING4 > 0:  # int4 K and V (groups of 32, 64 or 128): whole tiles through a cp.async ring of RING4 + 1 slots
         NSLOT: gl.constexpr = RING4 + 1
+        NG: gl.constexpr = 128 // K_G  # group parameters a token (K_G == V_G: `int4_ring_ok`)
         kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT, 32, 128], R4_SMEM)
         vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT, 32, 128], R4_SMEM)
-        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
-        kzbuf = gl.allocate_shared_memory(kz_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
-        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
-        vzbuf = gl.allocate_shared_memory(vz_ptr.dtype.element_ty, [NSLOT, 8, 32], R4P_SMEM)
+        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT, 8, 8 * NG], R4P_SMEM)
+        kzbuf = gl.allocate_shared_memory(kz_ptr.dtype.element_ty, [NSLOT, 8, 8 * NG], R4P_SMEM)
+        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT, 8, 8 * NG], R4P_SMEM)
+        vzbuf = gl.allocate_shared_memory(vz_ptr.dtype.element_ty, [NSLOT, 8, 8 * NG], R4P_SMEM)
         n_full = (full_end - start) // 64
         for t in gl.static_range(RING4):
             _r4_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, t,
                       kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
-                      vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64)
+                      vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64, NG)
             async_copy.commit_group()
         for i in range(0, n_full):
             _r4_issue(start + (i + RING4) * 64, i + RING4 < n_full, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf,
                       vzbuf, (i + RING4) % NSLOT,
                       kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
-                      vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64)
+                      vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64, NG)
             async_copy.commit_group()
             async_copy.wait_group(RING4)  # tile i has landed
             gl.thread_barrier()  # the reads cross lanes
             m_i, l_i, acc = _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, i % NSLOT,
-                                             RING4_VPAIRS)
+                                             RING4_VPAIRS, NG)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
