@@ -294,38 +294,18 @@ fma.rn.f16x2 $3, a3, $10, $12;
 # (scale, scale) and (zero, zero) pairs ($10-$13, $14-$17; $18-$21 the high group's scales / 16, $22-$25 its
 # zeros: 16 code * (s / 16) is code * s exactly while s / 16 is a normal fp16, s >= 2^-10).
 # Outputs: $0 = low nibble of byte 0, $1 = of byte 1, $2, $3 of bytes 2, 3; $4-$7 the high nibbles.
-_ASM_INT4_DEQ_PAIRS = gl.constexpr("""{
-.reg .b32 x, a, k;
-mov.b32 k, 0x64006400;
-prmt.b32 x, $8, $9, 0x0400;
-lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $0, a, $10, $14;
-lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $4, a, $18, $22;
-prmt.b32 x, $8, $9, 0x0501;
-lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $1, a, $10, $14;
-lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $5, a, $18, $22;
-prmt.b32 x, $8, $9, 0x0602;
-lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $2, a, $10, $14;
-lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $6, a, $18, $22;
-prmt.b32 x, $8, $9, 0x0703;
-lop3.b32 a, x, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $3, a, $10, $14;
-lop3.b32 a, x, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, k;
-fma.rn.f16x2 $7, a, $18, $22;
-}""")
+def _deq_pairs_asm() -> str:
+    """`_ASM_INT4_DEQ_PAIRS`'s text: the same seven instructions for each of the 4 bytes."""
+    body = [".reg .b32 x, a, k;", "mov.b32 k, 0x64006400;"]
+    for b in range(4):
+        body.append(f"prmt.b32 x, $8, $9, 0x0{4 + b}0{b};")  # byte b of the even and of the odd token
+        for mask, out, s, z in (("0x000F000F", b, 10, 14), ("0x00F000F0", 4 + b, 18, 22)):
+            body += [f"lop3.b32 a, x, {mask}, 0x64006400, 0xEA;", "sub.f16x2 a, a, k;",
+                     f"fma.rn.f16x2 ${out}, a, ${s}, ${z};"]
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+_ASM_INT4_DEQ_PAIRS = gl.constexpr(_deq_pairs_asm())
 
 
 _ASM_INT4_DEQ_PAIRS_CONSTRAINTS = gl.constexpr("=r," * 8 + "r,r," + ",".join(["r"] * 16))
