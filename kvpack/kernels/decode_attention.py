@@ -560,8 +560,8 @@ def int4_ring_ok(kp, vp) -> bool:
     for p in (kp, vp):
         if p.fmt.group_size not in (32, 64, 128) or p.block_size < 16 or p.fmt.head_dim != 128:
             return False
-        ng = 128 // p.fmt.group_size
-        if p.codes.stride()[2:] != (64, 1) or p.scales.stride()[2:] != (ng, 1) or p.zeros.stride() != p.scales.stride():
+        if (p.codes.stride()[2:] != (64, 1) or p.scales.stride()[2:] != (p.fmt.num_groups, 1)
+                or p.zeros.stride() != p.scales.stride()):
             return False
     return True
 

@@ -1023,6 +1023,16 @@ QT8_LOAD = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4], wa
 
 
 @gluon.jit
+def _t_softmax(s, m_i, l_i):
+    """The online softmax (base 2) of a transposed tile's scores S^T [64 tokens, 8 heads] down the tokens:
+    (new running max, P^T, the old accumulator's factor, new running sum)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    p = gl.exp2(s - m_new[None, :])
+    alpha = gl.exp2(m_i - m_new)
+    return m_new, p, alpha, l_i * alpha + gl.sum(p, axis=0)
+
+
+@gluon.jit
 def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -1043,10 +1053,7 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
     if MASKED:
         tok = n0 + gl.arange(0, 64, layout=T_ROWS)
         s = gl.where((tok < end)[:, None], s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=0))
-    p = gl.exp2(s - m_new[None, :])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=0)
+    m_new, p, alpha, l_i = _t_softmax(s, m_i, l_i)
     v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True)
     acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
     return m_new, l_i, acc
@@ -1144,11 +1151,7 @@ def _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, s
     ks_lo, ks_hi = _r4_k_params(ksbuf, slot, NG)
     kz_lo, kz_hi = _r4_k_params(kzbuf, slot, NG)
     k = _k4_operand(kc, ks_lo, kz_lo, ks_hi, kz_hi, True)
-    s = mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
-    m_new = gl.maximum(m_i, gl.max(s, axis=0))
-    p = gl.exp2(s - m_new[None, :])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=0)
+    m_new, p, alpha, l_i = _t_softmax(mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA)), m_i, l_i)
     vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V4_RING), [4, 2, 4, 2, 8, 8]), V4_LOAD,
                            assert_trivial=True)
     vs_lo, vs_hi = _r4_v_params(vsbuf, slot, NG)
