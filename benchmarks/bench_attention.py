@@ -316,6 +316,12 @@ TUNE_CONFIGS = [
     ("fragt", "fragt", {}),
     ("fragt-r168", "fragt", {"maxnreg": 168}),
     ("fragt-fused", "fragt", {"merge": "fused"}),
+    # session 26: int4 "fragt" through its cp.async ring (whole tiles a tile ahead; the default where it fits,
+    # `decode_plan.int4_ring_default`) against its direct loads, and the ring's split counts and merges
+    ("fragt-direct", "fragt", {"ring4": 0}),
+    ("fragt-ring1", "fragt", {"ring4": 1}),
+    ("fragt-ring1-separate", "fragt", {"ring4": 1, "merge": "separate"}),
+    ("fragt-ring1-fused", "fragt", {"ring4": 1, "merge": "fused"}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]

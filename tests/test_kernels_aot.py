@@ -166,7 +166,7 @@ def variants():
                         ((2, "separate", 0),)
                     for splits, merge, pf in cases:
                         plan = plan_decode(q, lc, meta2, 0.1, num_splits=splits, variant="fragt", prefetch=pf,
-                                           merge=merge)
+                                           merge=merge, ring4=0)  # int4: direct loads (the ring's below)
                         assert plan.variant == "fragt", plan.variant
                         out.append((f"decode-t4/{name}/D{D}/splits{splits}/{merge}/pf{pf}", plan.kernel, plan.args,
                                     plan.options))

@@ -324,13 +324,24 @@ def test_decode_frag_ring_gpu(k_name, v_name, block_size, splits):
 def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
     """"fragt"'s int4 cp.async ring (ring4 / KVPACK_INT4_RING): only int4 K and V in groups of 32, 64 or 128 (an
     8-token group's parameters in 16-byte copies; 16-channel groups would need a lane's K bytes split) and blocks
-    of >= 16 tokens; off by default; its register cap only with it."""
+    of >= 16 tokens; by default (KVPACK_INT4_RING unset) distance 1 where a multiprocessor holds >= 6 ring programs
+    (CPU plans: as an H200, 10), not where it holds 4 (sm_86 / sm_89: ~100 KB); KVPACK_INT4_RING=0 turns it off;
+    its register cap only with it."""
     import kvpack.kernels.decode_attention as da
+    import kvpack.kernels.decode_plan as dp
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
     q, lc, meta = build_case(k_name, v_name, [300, 9], 32, 8, 128, block_size, group_size=group)
     variant = "fragt" if k_name == "int4" else "frag"
-    assert "RING4" not in da.plan_decode(q, lc, meta, 0.1, variant=variant).options  # INT4_RING = 0
+    monkeypatch.setattr(da, "INT4_RING", None)  # KVPACK_INT4_RING unset
+    assert dp._smem_programs_per_sm(q.device, dp.INT4_RING_SMEM_BYTES) == 10  # 227 KB a block, 20 + 1 KB a program
+    assert da.plan_decode(q, lc, meta, 0.1, variant=variant).options.get("RING4") == (1 if want else None)
+    monkeypatch.setattr(dp, "_smem_programs_per_sm", lambda dev, nbytes: (101376 + 1024) // (nbytes + 1024))  # sm_86
+    assert "RING4" not in da.plan_decode(q, lc, meta, 0.1, variant=variant).options
+    monkeypatch.undo()
+    monkeypatch.setattr(da, "INTERPRET", False)
+    monkeypatch.setattr(da, "INT4_RING", 0)  # KVPACK_INT4_RING=0
+    assert "RING4" not in da.plan_decode(q, lc, meta, 0.1, variant=variant).options
     plan = da.plan_decode(q, lc, meta, 0.1, variant=variant, ring4=2)
     assert plan.options.get("RING4") == (2 if want else None), plan.options
     monkeypatch.setattr(da, "INT4_RING", 1)

@@ -47,8 +47,8 @@ from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
-    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, merge_chunk, merge_counters,
-    pdl_mode,
+    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, int4_ring_default, merge_chunk,
+    merge_counters, pdl_mode,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -69,9 +69,12 @@ GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
 # `rotate_heads` before and after); KVPACK_FRAG_ROT_ONE_SPLIT=0 puts them back there (measuring), read at import
 FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
 # "fragt" on int4 K and V (groups of 32, 64 or 128, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
-# ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25,
-# compiled only (sm_80 / 86 / 90): off (0) until measured on a GPU.
-INT4_RING = int(os.environ.get("KVPACK_INT4_RING", "0"))
+# ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25 built
+# it; session 26 measured it on the H200 (results/int4_ring_s26, per layer, side by side): 0.55-0.65x bf16's time
+# -> 0.41-0.56x, distance 2 no better than direct loads. KVPACK_INT4_RING unset: distance 1 where the device holds
+# enough ring programs an SM (`decode_plan.int4_ring_default`), else direct loads; 0: direct loads; N: distance N.
+_INT4_RING_ENV = os.environ.get("KVPACK_INT4_RING", "").strip()
+INT4_RING: int | None = int(_INT4_RING_ENV) if _INT4_RING_ENV else None
 # ... and a ptxas register cap for it (KVPACK_INT4_RING_MAXNREG; 0: none): fed from shared memory as it computes, its
 # tile loop compiles for sm_90 with 128 registers (16 one-warp programs an SM by registers, 11 by shared memory)
 # without spills (direct loads: 150-175 STL in the loop at 168 or 128), its masked last tile does spill
@@ -572,7 +575,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
                 maxnreg: int | None = None, index64: bool | None = None, prefetch: int | None = None,
                 merge: str | None = None, ring4: int | None = None) -> DecodePlan:
     """Shapes, heuristics and argument lists for `decode_paged_attention` (no launch). ring4: "fragt"'s int4
-    cp.async ring distance (default `INT4_RING`; where `int4_ring_ok`)."""
+    cp.async ring distance (default `INT4_RING`, else 1 where `int4_ring_default`; only where `int4_ring_ok`)."""
     kp, vp = layer_cache.k, layer_cache.v
     T, Hq, D = q.shape
     Hkv, block_size = kp.num_kv_heads, kp.block_size
@@ -686,7 +689,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         po = pml = out
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
-    ring4 = INT4_RING if ring4 is None else ring4
+    if ring4 is None:
+        ring4 = INT4_RING if INT4_RING is not None else int(int4_ring_default(dev))
     if ring4 and variant == "fragt" and int4_ring_ok(kp, vp):
         options["RING4"] = ring4
         options["RING4_VPAIRS"] = INT4_RING_VPAIRS
@@ -752,7 +756,7 @@ def decode_paged_attention(
     the "dot" kernel (0: none; default: `default_tile`; the CPU interpreter has no inline PTX: 0).
     merge: "auto" | "fused" | "separate": where the split merge runs (`choose_merge`; default:
     KVPACK_DECODE_MERGE, else "auto"). ring4: "fragt"'s int4 cp.async ring distance in tiles (default
-    KVPACK_INT4_RING, else 0: direct loads).
+    KVPACK_INT4_RING, else 1 where `int4_ring_default`; 0: direct loads).
     """
     plan = plan_decode(q, layer_cache, metadata, scale, num_splits, block_n, num_warps, num_stages, fast_cvt,
                        variant, maxnreg, index64, prefetch, merge, ring4)

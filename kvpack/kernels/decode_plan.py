@@ -69,19 +69,38 @@ RING_PER_SM = 4  # "frag" with its cp.async ring: programs per SM (H200, results
 RING_LONG_SPLIT = 2048  # a ring split longer than this is cut into RING_SPLIT_TOKENS pieces (`choose_ring_splits`)
 RING_SPLIT_TOKENS = 1024
 RING_SMEM_BYTES = 2 * (2 * 64 * 128 + 2 * 64 * 2)  # its two slots: K and V codes, K and V scales
-_RING_FIT: dict[int, int] = {}
+# "fragt"'s int4 ring (`decode_frag._r4_issue`), two slots of 64 tokens: K and V codes, and their scales and
+# zero-points (fp16, groups of 32: 4 a token; fewer at 64 and 128, planned alike)
+INT4_RING_SMEM_BYTES = 2 * (2 * 64 * 64 + 4 * 64 * 4 * 2)
+# the int4 ring by default where a multiprocessor holds at least this many ring programs (H200 10, A100 7; sm_86 /
+# sm_89 class GPUs, ~100 KB: 4, keep direct loads there, unmeasured: one warp a program, 4 programs an SM leave each
+# scheduler one warp to issue from, against the direct loads' ~8 by registers)
+INT4_RING_MIN_PER_SM = 6
+_RING_FIT: dict[tuple[int, int], int] = {}
+
+
+def _smem_programs_per_sm(device: torch.device, nbytes: int) -> int:
+    """How many programs of `nbytes` of shared memory a multiprocessor holds; CPU planning (tests) answers as
+    for an H200 (227 KB a block)."""
+    if device.type != "cuda":
+        smem = 232448
+    else:
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if (idx, -1) not in _RING_FIT:  # the opt-in maximum per block
+            _RING_FIT[(idx, -1)] = triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"]
+        smem = _RING_FIT[(idx, -1)]
+    return (smem + 1024) // (nbytes + 1024)  # the SM reserves 1 KB per block
 
 
 def _ring_programs_per_sm(device: torch.device) -> int:
-    """How many ring programs a multiprocessor's shared memory holds (H200 6, A100 4, sm_86 / sm_89
-    GPUs 2); CPU planning (tests) answers as for an H200."""
-    if device.type != "cuda":
-        return 6
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _RING_FIT:  # the opt-in maximum per block; the SM reserves 1 KB per block
-        smem = triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"]
-        _RING_FIT[idx] = (smem + 1024) // (RING_SMEM_BYTES + 1024)
-    return _RING_FIT[idx]
+    """How many 8-bit ring programs a multiprocessor's shared memory holds (H200 6, A100 4, sm_86 / sm_89
+    GPUs 2)."""
+    return _smem_programs_per_sm(device, RING_SMEM_BYTES)
+
+
+def int4_ring_default(device: torch.device) -> bool:
+    """Whether "fragt" runs int4 through its cp.async ring by default on this device (INT4_RING_MIN_PER_SM)."""
+    return _smem_programs_per_sm(device, INT4_RING_SMEM_BYTES) >= INT4_RING_MIN_PER_SM
 
 
 def choose_ring_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int | None:
