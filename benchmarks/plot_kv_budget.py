@@ -3,7 +3,8 @@ against bf16 at the same budget and workload, beside the capacity ratio it could
 
     python benchmarks/plot_kv_budget.py results/kv_budget_s23 [--out results/kv_budget_s23]
 
-Reads every `bench throughput` JSON in the folders given (one format each, as the sweep writes them),
+Reads every `bench throughput` JSON in the folders given (one format each, as the sweep writes them), or
+the JSON files given (to set one session's runs beside another's bf16),
 writes `kv_budget.md` (the table), `kv_budget.json` (its rows) and `kv_budget.png` (needs matplotlib)
 into --out (default: the first folder). A run interrupted by its time cap wrote no JSON and is absent.
 """
@@ -43,7 +44,8 @@ def budget_text(gib: float) -> str:
 def load(folders: list[str]) -> list[dict]:
     rows = []
     for folder in folders:
-        for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        paths = [folder] if os.path.isfile(folder) else sorted(glob.glob(os.path.join(folder, "*.json")))
+        for path in paths:
             with open(path) as f:
                 try:
                     d = json.load(f)
@@ -89,15 +91,15 @@ def ratio(x: float | None) -> str:
 
 def table(rows: list[dict]) -> str:
     out = ["| workload | KV budget | format | KV tokens (vs bf16) | output tok/s | vs bf16 | decode tok/s (vs bf16) "
-           "| mean decode batch | decode step ms | prompt steps s | run s | preemptions | blocks free |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| mean decode batch | decode step ms | prompt steps s | run s | preemptions | blocks free | commit |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         out.append(
             f"| {r['workload']} | {budget_text(r['budget_gib'])} | {r['format']} | {r['kv_tokens']:,} "
             f"({ratio(r['capacity_vs_bf16'])}x) | {r['output_tok_s']:,.0f} | **{ratio(r['output_vs_bf16'])}** | "
             f"{r['decode_tok_s']:,.0f} ({ratio(r['decode_vs_bf16'])}) | {r['mean_decode_batch']:.1f} | "
             f"{r['mean_decode_step_ms']:.2f} | {r['prefill_s']:.1f} | {r['elapsed_s']:.1f} | {r['preemptions']} | "
-            f"{r['all_blocks_free']} |")
+            f"{r['all_blocks_free']} | {(r['commit'] or '-')[:7]} |")
     return "\n".join(out) + "\n"
 
 
@@ -142,10 +144,10 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("folders", nargs="+")
+    p.add_argument("folders", nargs="+", help="folders of bench throughput JSONs, or JSON files")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    out = args.out or args.folders[0]
+    out = args.out or (args.folders[0] if os.path.isdir(args.folders[0]) else os.path.dirname(args.folders[0]) or ".")
     rows = load(args.folders)
     if not rows:
         print(f"no complete `bench throughput` JSON in {args.folders}", file=sys.stderr)

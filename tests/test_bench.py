@@ -217,9 +217,9 @@ def test_kv_budget_table(tmp_path, capsys):
     out = tmp_path / "out"
     assert plot_kv_budget.main([str(runs), "--out", str(out)]) == 0
     rows = json.loads((out / "kv_budget.json").read_text())
-    assert [(r["budget_gib"] * 2**30 / 1024, r["format"]) for r in rows] == [
-        (40, "bfloat16"), (40, "int8"), (40, "int4 g64"), (80, "bfloat16"), (80, "int8"), (80, "int4 g64"),
-        (120, "int8")]
+    rows_key = [(40, "bfloat16"), (40, "int8"), (40, "int4 g64"), (80, "bfloat16"), (80, "int8"), (80, "int4 g64"),
+                (120, "int8")]
+    assert [(r["budget_gib"] * 2**30 / 1024, r["format"]) for r in rows] == rows_key
     for budget in ("40KiB", "80KiB"):
         res = {r["kv_cache_dtype"]: r for r in json.loads((runs / f"{budget}.json").read_text())["results"]}
         mine = [r for r in rows if r["file"] == f"{budget}.json"]
@@ -234,6 +234,12 @@ def test_kv_budget_table(tmp_path, capsys):
     assert md.splitlines()[-1].count("-") >= 3  # int8 alone at 120 KiB: no ratios
     assert (out / "kv_budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_kv_budget.main([str(tmp_path / "none")]) == 1
+    # JSON files named one by one (another session's bf16 beside these runs): those files only, in the file's folder
+    assert plot_kv_budget.main([str(runs / "120KiB_int8.json"), str(runs / "40KiB.json")]) == 0
+    rows2 = json.loads((runs / "kv_budget.json").read_text())
+    assert [(r["budget_gib"] * 2**30 / 1024, r["format"]) for r in rows2] == rows_key[:3] + rows_key[-1:]
+    commit = json.loads((runs / "40KiB.json").read_text())["env"]["commit"]
+    assert all(line.endswith(f"| {(commit or '-')[:7]} |") for line in (runs / "kv_budget.md").read_text().splitlines()[2:])
 
 
 def test_simulate_schedule_matches_engine(tmp_path, capsys):

@@ -82,8 +82,9 @@ data between lanes.
   0.99-1.04x, fp8_e4m3 0.98-1.09x, and with a 168-register cap 0.99-1.15x; so "auto" does not take it. Fewer
   registers did not buy time: both kernels wait on their loads, not on issue slots.
 
-- int4 cp.async ring ("fragt", RING4 > 0; session 25, `decode_attention.INT4_RING` / KVPACK_INT4_RING, off by
-  default: compiled, not yet run on a GPU): int4 K and V in groups of 32 (also 64 and 128: 2 or 1 parameters a
+- int4 cp.async ring ("fragt", RING4 > 0; session 25, `decode_attention.INT4_RING` / KVPACK_INT4_RING; the
+  default since session 26 where `decode_plan.int4_ring_default`: H200, per layer, 0.75-0.87x the direct loads'
+  time, bit-equal, results/int4_ring_s26): int4 K and V in groups of 32 (also 64 and 128: 2 or 1 parameters a
   token, every lane then reading the same groups; sm_90 tile loop 1,602 / 1,378 instructions against 1,838 /
   1,778 with direct loads) copy whole tiles RING4 tiles ahead
   (`_r4_issue`) into a ring of RING4 + 1 slots of 10 KB: the codes as [32 token pairs, 128 bytes] (a pair's
