@@ -326,6 +326,7 @@ TUNE_CONFIGS = [
     # slots 50 % busy; a register cap only pays with a grid that fills the extra programs (--tune-splits 1.25)
     ("fragt-ring1-r168", "fragt", {"ring4": 1, "maxnreg": 168}),
     ("fragt-ring1-r128", "fragt", {"ring4": 1, "maxnreg": 128}),
+    ("fragt-ring1-r168-fused", "fragt", {"ring4": 1, "maxnreg": 168, "merge": "fused"}),
 ]
 TUNE_FORMATS = ["int8", "fp8_e4m3", "int4", "fp8_e5m2"]
 TUNE_SHAPES = ["llama8b-1x32768", "llama8b-8x8192", "llama8b-32x4096", "llama8b-64x2048", "llama8b-128x1024"]

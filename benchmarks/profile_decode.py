@@ -29,7 +29,10 @@ def main() -> int:
     ap.add_argument("--shape", default="llama8b-32x4096")
     ap.add_argument("--variant", default=None)
     ap.add_argument("--cases", default=None, help="format:shape,... each run once, in this order")
+    ap.add_argument("--splits", type=int, default=None, help="num_splits (default: the plan's)")
+    ap.add_argument("--maxnreg", type=int, default=None, help="ptxas register cap (default: none)")
     args = ap.parse_args()
+    kw = {"variant": args.variant, "num_splits": args.splits, "maxnreg": args.maxnreg}
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
     cases = [c.split(":") for c in args.cases.split(",")] if args.cases else [(args.format, args.shape)]
@@ -37,11 +40,11 @@ def main() -> int:
         shape = next(s for s in SHAPES if s.name == name)
         lc, meta, q = make_case(fmt, shape, torch.device("cuda"), torch.Generator().manual_seed(0))
         scale = shape.head_dim ** -0.5
-        plan = plan_decode(q, lc, meta, scale, variant=args.variant)
+        plan = plan_decode(q, lc, meta, scale, **kw)
         print(f"case {i}: {fmt} {name}: {plan.variant}, grid {plan.grid}, options {plan.options}, "
               f"merge {'separate' if plan.merge_grid else 'fused or none'}", flush=True)
         for _ in range(1 if args.cases else 2):
-            decode_paged_attention(q, lc, meta, scale, variant=args.variant)
+            decode_paged_attention(q, lc, meta, scale, **kw)
         torch.cuda.synchronize()
         del lc, meta, q
         torch.cuda.empty_cache()
