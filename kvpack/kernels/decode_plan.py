@@ -76,7 +76,7 @@ INT4_RING_SMEM_BYTES = 2 * (2 * 64 * 64 + 4 * 64 * 4 * 2)
 # sm_89 class GPUs, ~100 KB: 4, keep direct loads there, unmeasured: one warp a program, 4 programs an SM leave each
 # scheduler one warp to issue from, against the direct loads' ~8 by registers)
 INT4_RING_MIN_PER_SM = 6
-_RING_FIT: dict[tuple[int, int], int] = {}
+_MAX_SMEM: dict[int, int] = {}  # device index -> the opt-in shared memory per block
 
 
 def _smem_programs_per_sm(device: torch.device, nbytes: int) -> int:
@@ -86,9 +86,9 @@ def _smem_programs_per_sm(device: torch.device, nbytes: int) -> int:
         smem = 232448
     else:
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        if (idx, -1) not in _RING_FIT:  # the opt-in maximum per block
-            _RING_FIT[(idx, -1)] = triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"]
-        smem = _RING_FIT[(idx, -1)]
+        if idx not in _MAX_SMEM:
+            _MAX_SMEM[idx] = triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"]
+        smem = _MAX_SMEM[idx]
     return (smem + 1024) // (nbytes + 1024)  # the SM reserves 1 KB per block
 
 
