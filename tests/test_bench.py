@@ -100,8 +100,11 @@ def test_capacity_from_hf_config_and_stdout_json(tmp_path, capsys):
 def test_capacity_bad_input(capsys):
     rc, _, err = _run(capsys, ["bench", "capacity", "--kv-cache-dtype", "int9"])
     assert rc == 2 and "int9" in err
-    with pytest.raises(SystemExit):
-        main(["bench", "capacity", "--kv-cache-memory", "lots"])
+    for mode in ("capacity", "throughput"):  # the usage error says what a memory size looks like
+        with pytest.raises(SystemExit):
+            main(["bench", mode, "--kv-cache-memory", "lots"])
+        err = capsys.readouterr().err
+        assert "--kv-cache-memory: bad memory size 'lots'" in err and "8GiB" in err, err
 
 
 # ---- helpers ------------------------------------------------------------------------------------

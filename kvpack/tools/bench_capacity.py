@@ -17,7 +17,7 @@ import torch
 from kvpack.config import CacheConfig, add_int4_group_size_arg
 from kvpack.engine.memory_planner import GiB, parse_bytes, plan_for_budget
 from kvpack.tools.bench_common import (
-    BASELINE, DEFAULT_BENCH_MODEL, format_table, model_config_only, parse_format_list,
+    BASELINE, DEFAULT_BENCH_MODEL, bytes_arg, format_table, model_config_only, parse_format_list,
     split_format, write_json,
 )
 
@@ -29,7 +29,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_BENCH_MODEL,
                    help=f"preset, HF folder or .gguf; only its config is read (default {DEFAULT_BENCH_MODEL})")
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=parse_bytes("8GiB"),
+    p.add_argument("--kv-cache-memory", type=bytes_arg, default=parse_bytes("8GiB"),
                    help="KV budget, e.g. 8GiB or 16GB (default 8GiB)")
     p.add_argument("--kv-cache-dtype", default=ALL_FORMATS,
                    help=f"comma list of formats, FORMAT or KFORMAT/VFORMAT (default {ALL_FORMATS})")

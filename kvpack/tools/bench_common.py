@@ -26,6 +26,14 @@ BASELINE = "bfloat16"
 
 # ---- arguments ------------------------------------------------------------------------------------
 
+def bytes_arg(text: str) -> int:
+    """argparse type for a memory size ('16GiB', '8GB', '4096'): parse_bytes, its message in the usage error."""
+    try:
+        return parse_bytes(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloat16,int8,int4",
                     default_model: str = DEFAULT_BENCH_MODEL) -> None:
     """The engine flags every bench mode shares (vLLM's names)."""
@@ -46,7 +54,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, default_formats: str = "bfloa
     p.add_argument("--max-model-len", type=int, default=None)
     add_watermark_arg(p)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
+    p.add_argument("--kv-cache-memory", type=bytes_arg, default=None,
                    help="fixed KV budget, the same for every format (e.g. 16GiB, 8GB)")
     p.add_argument("--num-blocks", type=int, default=None, help="fixed number of KV blocks")
     p.add_argument("--no-prefix-caching", action="store_true")
