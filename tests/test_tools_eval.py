@@ -139,6 +139,10 @@ def test_tool_errors(tiny):
     (["calibrate", "--text", "/nonexistent.txt", "--out", "/tmp/x.json"], "text file not found"),
     (["calibrate", "--text", "/nonexistent.txt", "--out", "/tmp/x.json", "--statistic", "max"],
      "--statistic"),
+    # an output that cannot be written fails before the model loads and the run starts
+    (["eval", "--text", "/nonexistent.txt", "--kv-cache-dtype", "int8", "--json", "README.md/e.json"],
+     "README.md is a file, not a folder"),
+    (["calibrate", "--text", "/nonexistent.txt", "--out", "."], "--out . is a folder"),
 ])
 def test_cli_errors_are_one_line(args, needle):
     p = subprocess.run([sys.executable, "-m", "kvpack", *args], capture_output=True, text=True, timeout=120)
@@ -150,7 +154,7 @@ def test_cli_errors_are_one_line(args, needle):
 def test_cli_eval_json(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
-    out = tmp_path / "e.json"
+    out = tmp_path / "new" / "e.json"  # its folder is made, as `kvpack bench` makes its JSON's
     p = subprocess.run([sys.executable, "-m", "kvpack", "eval", "--model", "dummy:tiny-llama", "--text",
                         str(text), "--kv-cache-dtype", "int8,int4", "--window", "128", "--max-tokens",
                         "256", "--json", str(out)], capture_output=True, text=True, timeout=300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpack.entrypoints.common import add_model_args, load_for_tool
+from kvpack.entrypoints.common import add_model_args, load_for_tool, prepare_output
 from kvpack.tools.calibrate import DEFAULT_STATISTIC
 
 
@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpack.tools.calibrate import calibrate, parse_statistic
 
     parse_statistic(args.statistic)  # fail before loading the model
+    prepare_output(args.out, "--out")
     loaded, ids = load_for_tool(args)
     data = calibrate(loaded, ids[args.skip_tokens:], args.out, window=args.window,
                      max_tokens=args.max_tokens, statistic=args.statistic,

@@ -7,7 +7,7 @@ import json
 import sys
 
 from kvpack.config import add_int4_group_size_arg
-from kvpack.entrypoints.common import add_model_args, load_for_tool
+from kvpack.entrypoints.common import add_model_args, load_for_tool, prepare_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpack.tools.eval import evaluate, markdown_table
 
     items = [x for x in args.kv_cache_dtype.split(",") if x.strip()]
+    prepare_output(args.json, "--json")  # before the run, not after it
     loaded, ids = load_for_tool(args)
     rows = evaluate(loaded, ids[args.skip_tokens:], items, window=args.window,
                     max_tokens=args.max_tokens, kv_scales=args.kv_scales,
