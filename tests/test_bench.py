@@ -335,7 +335,11 @@ def test_throughput_step_log_directory_checked_first(tmp_path, capsys, monkeypat
             "--num-prompts", "2", "--input-len", "8", "--output-len", "2", "--num-blocks", "16",
             "--kv-cache-dtype", "bfloat16", "--step-log", str(tmp_path / "file" / "sub" / "steps")]
     rc, _, err = _run(capsys, argv)
-    assert rc == 2 and "--step-log" in err and ran == []
+    assert rc == 2 and "--step-log" in err and "is a file, not a folder" in err and ran == []
+    # --output-json alike (the JSON was written only at the end of the run)
+    argv[-2:] = ["--output-json", str(tmp_path / "file" / "out.json")]
+    rc, _, err = _run(capsys, argv)
+    assert rc == 2 and "--output-json" in err and "is a file, not a folder" in err and ran == []
 
 
 def test_throughput_keeps_finished_formats_when_cut(tmp_path, capsys, monkeypatch):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpack.entrypoints.common import add_model_args, load_for_tool, prepare_output
+from kvpack.entrypoints.common import add_model_args, load_for_tool
+from kvpack.tools.output_paths import prepare_output
 from kvpack.tools.calibrate import DEFAULT_STATISTIC
 
 

@@ -7,7 +7,8 @@ import json
 import sys
 
 from kvpack.config import add_int4_group_size_arg
-from kvpack.entrypoints.common import add_model_args, load_for_tool, prepare_output
+from kvpack.entrypoints.common import add_model_args, load_for_tool
+from kvpack.tools.output_paths import prepare_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

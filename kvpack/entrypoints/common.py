@@ -16,31 +16,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (default 16)")
 
 
-def prepare_output(path: str | None, flag: str) -> None:
-    """Before a long run: make the folder of the output file `path` (as `kvpack bench`'s JSON outputs do), or
-    fail now naming the flag, rather than after the run has been computed."""
-    import os
-
-    from kvpack.config import KVPackError
-
-    if not path or path == "-":
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    up = folder
-    while not os.path.exists(up):  # the nearest existing ancestor: a file there blocks the folder
-        up = os.path.dirname(up)
-    if not os.path.isdir(up):
-        raise KVPackError(f"{flag} {path}: {up} is a file, not a folder")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise KVPackError(f"{flag} {path}: cannot make its folder {folder}: {e.strerror or e}") from None
-    if os.path.isdir(path):
-        raise KVPackError(f"{flag} {path} is a folder; give a file name")
-    if not os.access(folder, os.W_OK):
-        raise KVPackError(f"{flag} {path}: folder {folder} is not writable")
-
-
 def load_for_tool(args: argparse.Namespace):
     """Load the model and tokenize args.text: (LoadedModel, token ids)."""
     from kvpack.config import KVPackError

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from kvpack.config import KVPackError
 from kvpack.sampling_params import SamplingParams
+from kvpack.tools.output_paths import prepare_output
 from kvpack.tools.bench_common import (
     LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
     percentile, random_prompts, release, write_json,
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     formats = parse_format_list(args.kv_cache_dtype)
     if args.context < 1 or args.batch_size < 1 or args.output_len < 4 or args.num_iters < 1:
         raise KVPackError("--context, --batch-size and --num-iters must be >= 1 and --output-len >= 4")
+    prepare_output(args.output_json, "--output-json")
     rows = []
     for item in formats:
         rows.append(bench_format(args, item))

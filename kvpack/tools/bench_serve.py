@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvpack.config import ConfigError
+from kvpack.tools.output_paths import prepare_output
 
 # Common English words: each is one token (with its leading space) in most BPE vocabularies.
 _WORDS = ("time year people way day man thing woman life child world school state family "
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not 0 < args.duration <= 86400 or not 0 < args.timeout <= 3600:
         raise ConfigError("--duration must be in (0, 86400] and --timeout in (0, 3600]")
+    prepare_output(args.json, "--json")
     if args.dataset == "random":
         reqs = random_requests(args.num_prompts, args.input_len, args.output_len, args.seed)
     else:

@@ -20,7 +20,6 @@ tok/s and their spread ((max - min) / median) beside it, so a ratio can be read 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 from kvpack.config import KVPackError
 from kvpack.sampling_params import SamplingParams
+from kvpack.tools.output_paths import prepare_output
 from kvpack.tools.bench_common import (
     LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
     TritonCompileLog, parse_len_range, percentile, profile_timeline, random_prompts, release, sync,
@@ -282,14 +282,9 @@ def run(args: argparse.Namespace) -> int:
         if args.profile_steps.hi <= args.profile_steps.lo:
             raise KVPackError(f"--profile-steps {args.profile_steps.lo}:{args.profile_steps.hi}: A:B profiles steps "
                               "A..B-1, so B must be larger than A")
-    if getattr(args, "step_log", None):  # before any format runs: a minutes-long run may not fail at its end
-        log_dir = os.path.dirname(os.path.abspath(args.step_log))
-        try:
-            os.makedirs(log_dir, exist_ok=True)
-        except OSError as e:
-            raise KVPackError(f"--step-log: cannot create the directory {log_dir}: {e.strerror}") from e
-        if not os.access(log_dir, os.W_OK):
-            raise KVPackError(f"--step-log: the directory {log_dir} is not writable")
+    # before any format runs: a minutes-long run may not fail at its end
+    prepare_output(getattr(args, "step_log", None), "--step-log", prefix=True)
+    prepare_output(args.output_json, "--output-json")
     max_model_len = args.max_model_len
     if max_model_len is None and not args.dataset:
         max_model_len = args.input_len.hi + args.output_len.hi
