@@ -44,6 +44,14 @@ def test_parse_bytes_rejects(bad):
         parse_bytes(bad)
 
 
+def test_format_bytes():
+    """GiB with two decimals as vLLM logs it; a budget under 0.01 GiB in MiB or KiB rather than "0.00 GiB"."""
+    from kvpack.engine.memory_planner import format_bytes
+
+    assert [format_bytes(n) for n in (16 * 2**30, 2**30 // 100 + 1, 5 * 2**20, 1024, 0)] == [
+        "16.00 GiB", "0.01 GiB", "5.00 MiB", "1.00 KiB", "0.00 KiB"]
+
+
 def test_budget_and_blocks_arithmetic():
     total = 140 * GiB
     # 0.9 * 140 GiB - 16 GiB torch peak - 1 GiB outside torch - 0.5 GiB graphs

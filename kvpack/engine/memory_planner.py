@@ -61,7 +61,10 @@ def parse_bytes(text: str | int | float) -> int:
 
 
 def format_bytes(n: int | float) -> str:
-    return f"{n / GiB:.2f} GiB"
+    """GiB with two decimals (vLLM's logs); below 0.01 GiB, MiB or KiB, so that a small budget does not read 0.00."""
+    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= 0.01 * size or unit == "KiB":
+            return f"{n / size:.2f} {unit}"
 
 
 # ---- arithmetic (pure; unit-tested on CPU) --------------------------------------------------------
