@@ -156,11 +156,11 @@ def test_cli_eval_json(tmp_path):
     text.write_text(TEXT)
     out = tmp_path / "new" / "e.json"  # its folder is made, as `kvpack bench` makes its JSON's
     p = subprocess.run([sys.executable, "-m", "kvpack", "eval", "--model", "dummy:tiny-llama", "--text",
-                        str(text), "--kv-cache-dtype", "int8,int4", "--window", "128", "--max-tokens",
+                        str(text), "--window", "128", "--max-tokens",
                         "256", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    rows = json.loads(out.read_text())
-    assert [r["kv_cache_dtype"] for r in rows] == ["bfloat16", "int8", "int4"]
+    rows = json.loads(out.read_text())  # no --kv-cache-dtype: every quantized format against bf16
+    assert [r["kv_cache_dtype"] for r in rows] == ["bfloat16", "int8", "int4", "fp8_e4m3", "fp8_e5m2"]
     assert all(set(r) == set(EVAL_KEYS) for r in rows)
     assert "| kv_cache_dtype |" in p.stdout
 

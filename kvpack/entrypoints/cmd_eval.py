@@ -11,6 +11,9 @@ from kvpack.entrypoints.common import add_model_args, load_for_tool
 from kvpack.tools.output_paths import prepare_output
 
 
+EVAL_DEFAULT_FORMATS = "int8,int4,fp8_e4m3,fp8_e5m2"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "eval", help="measure what each KV cache format costs in accuracy",
@@ -19,10 +22,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "Prints a markdown table; --json writes the rows.")
     add_model_args(p)
     p.add_argument("--text", required=True, help="text file to score (plain or .gz)")
-    p.add_argument("--kv-cache-dtype", required=True,
+    p.add_argument("--kv-cache-dtype", default=EVAL_DEFAULT_FORMATS,
                    help="comma-separated formats; an item KFMT/VFMT sets K and V separately "
                         "(e.g. int8,int4,fp8_e4m3,int8/int4); a suffix :static or :dynamic forces "
-                        "scales from --kv-scales or per-token scales for that item")
+                        "scales from --kv-scales or per-token scales for that item (default: every quantized "
+                        f"format, {EVAL_DEFAULT_FORMATS})")
     p.add_argument("--kv-scales", default=None,
                    help="scales file from `kvpack calibrate`: int8 and fp8 items use static scales")
     p.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
