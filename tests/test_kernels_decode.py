@@ -351,6 +351,17 @@ def test_int4_ring_scope(k_name, v_name, group, block_size, want, monkeypatch):
     assert options.get("RING4_VPAIRS") is (True if want else None)  # V converted by token pairs (default)
 
 
+def test_int4_ring_env_checked():
+    """A KVPACK_INT4_RING that is not 0, 1, 2 or unset stops the import with a message naming it."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", "import kvpack.kernels.decode_attention"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "KVPACK_INT4_RING": "on"})
+    assert p.returncode != 0 and "KVPACK_INT4_RING='on'" in p.stderr, p.stderr[-500:]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("block_size", [16, 64])

@@ -74,6 +74,9 @@ FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
 # -> 0.41-0.56x, distance 2 no better than direct loads. KVPACK_INT4_RING unset: distance 1 where the device holds
 # enough ring programs an SM (`decode_plan.int4_ring_default`), else direct loads; 0: direct loads; N: distance N.
 _INT4_RING_ENV = os.environ.get("KVPACK_INT4_RING", "").strip()
+if _INT4_RING_ENV and not (_INT4_RING_ENV.isdigit() and int(_INT4_RING_ENV) <= 2):
+    raise ValueError(f"KVPACK_INT4_RING={_INT4_RING_ENV!r}: 0 (direct loads), 1 or 2 (the ring's distance in tiles), "
+                     "or unset (1 where the GPU holds enough ring programs)")
 INT4_RING: int | None = int(_INT4_RING_ENV) if _INT4_RING_ENV else None
 # ... and a ptxas register cap for it (KVPACK_INT4_RING_MAXNREG; 0: none): fed from shared memory as it computes, its
 # tile loop compiles for sm_90 with 128 registers (16 one-warp programs an SM by registers, 11 by shared memory)
