@@ -62,7 +62,7 @@ def parse_bytes(text: str | int | float) -> int:
 
 def format_bytes(n: int | float) -> str:
     """GiB with two decimals (vLLM's logs); below 0.01 GiB, MiB or KiB, so that a small budget does not read 0.00."""
-    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
         if abs(n) >= 0.01 * size or unit == "KiB":
             return f"{n / size:.2f} {unit}"
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from kvpack.entrypoints.common import add_model_args, load_for_tool
-from kvpack.tools.output_paths import prepare_output
 from kvpack.tools.calibrate import DEFAULT_STATISTIC
+from kvpack.tools.output_paths import prepare_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

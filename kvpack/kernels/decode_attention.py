@@ -692,9 +692,12 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         po = pml = out
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
-    if ring4 is None:
-        ring4 = INT4_RING if INT4_RING is not None else int(int4_ring_default(dev))
-    if ring4 and variant == "fragt" and int4_ring_ok(kp, vp):
+    if variant == "fragt" and int4_ring_ok(kp, vp):
+        if ring4 is None:
+            ring4 = INT4_RING if INT4_RING is not None else int(int4_ring_default(dev))
+    else:
+        ring4 = 0
+    if ring4:
         options["RING4"] = ring4
         options["RING4_VPAIRS"] = INT4_RING_VPAIRS
         if INT4_RING_MAXNREG and not maxnreg:

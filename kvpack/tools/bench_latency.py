@@ -23,11 +23,11 @@ from tqdm import tqdm
 
 from kvpack.config import KVPackError
 from kvpack.sampling_params import SamplingParams
-from kvpack.tools.output_paths import prepare_output
 from kvpack.tools.bench_common import (
     LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
     percentile, random_prompts, release, write_json,
 )
+from kvpack.tools.output_paths import prepare_output
 
 COLUMNS = [("kv_cache_dtype", "format", ""), ("context", "context", ",d"), ("batch_size", "batch", "d"),
            ("median_ms", "median ms/token", ".3f"), ("mean_ms", "mean ms", ".3f"), ("p90_ms", "p90 ms", ".3f"),

@@ -28,12 +28,12 @@ from tqdm import tqdm
 
 from kvpack.config import KVPackError
 from kvpack.sampling_params import SamplingParams
-from kvpack.tools.output_paths import prepare_output
 from kvpack.tools.bench_common import (
     LenRange, add_engine_args, add_ratios, build_engine, env_info, format_table, mean, parse_format_list,
     TritonCompileLog, parse_len_range, percentile, profile_timeline, random_prompts, release, sync,
     text_prompts, write_json,
 )
+from kvpack.tools.output_paths import prepare_output
 
 COLUMNS = [("kv_cache_dtype", "format", ""), ("kv_cache_tokens", "KV tokens", ",d"),
            ("requests_per_s", "req/s", ".2f"), ("output_tok_s", "output tok/s", ",.0f"),
