@@ -8,9 +8,11 @@ untouched (the pools start filled with a poison pattern).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -516,6 +518,52 @@ def test_write_gpu_dynamic_scale_extreme_rows(name, rotate):
         got = to_device(lc, "cuda")
         write_kv(k[:n].cuda(), v[:n].cuda(), got, slots.cuda())
         assert_same_cache(to_device(got, "cpu"), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,D", [(2048, 128), (40, 128), (2048, 80), (40, 64)])
+def test_write_gpu_int4_clamp_and_nan_groups(T, D):
+    """int4 codes where the clamp decides them, and groups holding a NaN. Groups of values offset by c from a
+    range r, |c| / r log-uniform over 1-4000: the fp16 zero point's rounding then pushes (x - m) / s past -0.5
+    or 15.5 in some groups (asserted: the reference clamps), beside groups that need no clamp. Groups holding
+    a NaN: NaN scale and zero and codes 0, as the reference's amin gives (`quant.min_nan`; compared as NaN,
+    whatever its sign). Unrotated, so the values reach the encoder as they are; the row layout (2048 tokens),
+    the plain one (40) and head dim 80's padded halves (groups of 16)."""
+    from kvpack.formats import int4_params
+    from kvpack.kernels import write_kv
+
+    gen = torch.Generator().manual_seed(5)
+    fmt = resolve_format("int4", head_dim=D, rotate=False)
+    H, bs, G = 2, 16, fmt.group_size
+    r = torch.exp2(torch.randint(-6, 6, (T, H, D // G, 1), generator=gen).float())
+    ratio = torch.exp(torch.rand(T, H, D // G, 1, generator=gen) * math.log(4000.0))
+    c = ratio * r * torch.where(torch.rand(T, H, D // G, 1, generator=gen) < 0.5, -1.0, 1.0)
+    u = torch.rand(T, H, D // G, G, generator=gen)
+    u[..., 0], u[..., 1] = 0.0, 1.0  # the group's min and max
+    k = (c + r * u).reshape(T, H, D)
+    k[T - 7, 1, 40] = float("nan")
+    k[T - 3, 0, 0] = float("nan")
+    v = k.flip(0).contiguous()
+    s, m = int4_params(k, G)
+    q = torch.round((k.view(T, H, D // G, G) - m.float()[..., None]) / s.float()[..., None])
+    assert ((q < 0) | (q > 15)).any()
+    nb = T // bs + 2
+    lc = LayerKVCache(allocate_pool(fmt, nb, H, bs, "cpu"), allocate_pool(fmt, nb, H, bs, "cpu"))
+    slots = torch.randperm(nb * bs, generator=gen)[:T]
+    ref = reference_write_cpu(k, v, lc, slots)
+    got = to_device(lc, "cuda")
+    write_kv(k.cuda(), v.cuda(), got, slots.cuda())
+    got = to_device(got, "cpu")
+
+    def nan_canonical(p):  # a NaN scale / zero as one bit pattern (x86 and CUDA give NaNs different signs)
+        fix = lambda t: torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)  # noqa: E731
+        return type(p)(p.codes, fix(p.scales), fix(p.zeros), p.static_scale, p.fmt)
+
+    written = lambda t: t[slots // bs, :, slots % bs]  # noqa: E731  ([T, H, groups])
+    for side in (ref.k, ref.v):
+        assert torch.isnan(written(side.scales)).sum() == 2 and torch.isnan(written(side.zeros)).sum() == 2
+    assert_same_cache(LayerKVCache(nan_canonical(got.k), nan_canonical(got.v)),
+                      LayerKVCache(nan_canonical(ref.k), nan_canonical(ref.v)))
 
 
 def test_reference_cpu_path_matches_reference():

@@ -35,7 +35,8 @@ from kvpack.kernels.quant import (
     INTERPRET, _INTERPRET_C, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, div_by_const, div_by_scale,
     div_by_scale_rows, recip_f16,
     f32_to_bf16_rne, fp8_encode,
-    fp8_encode_hw, int4_encode, int4_pack, int8_encode, next_pow2,
+    fp8_encode_hw, int4_encode, int4_pack, int8_encode, min_nan,
+    next_pow2, to_f32,
 )
 
 
@@ -130,7 +131,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
     s_row = blk * ss0 + h * ss1 + off * ss2
     if FMT == K_FMT_INT4 and D == D_PAD:  # a power-of-two head dim: whole rows, groups in place
         d = tl.arange(0, D)
-        x = x_in.to(tl.float32)
+        x = to_f32(x_in)
         if CENTER:
             x = x - tl.load(mean_ptr + h * D + d)[None, :]
         if ROTATE:
@@ -139,7 +140,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         # broadcast back in the same layout (no reshape of a broadcast: that went through shared memory)
         xg = tl.reshape(x, (BT, NG, G))
         mx = tl.max(xg, axis=2, keep_dims=True)
-        mn = tl.min(xg, axis=2, keep_dims=True)
+        mn = min_nan(xg, 2)  # a NaN makes the group's zero and scale NaN, as the reference's amin does
         s = div_by_const(mx - mn, QMAX).to(tl.float16)
         s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
         m = mn.to(tl.float16)
@@ -179,8 +180,8 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
             in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G) & (j < HALF))[None, :]
             mx = tl.maximum(tl.max(tl.where(in_lo, x_lo, -float("inf")), axis=1),
                             tl.max(tl.where(in_hi, x_hi, -float("inf")), axis=1))
-            mn = tl.minimum(tl.min(tl.where(in_lo, x_lo, float("inf")), axis=1),
-                            tl.min(tl.where(in_hi, x_hi, float("inf")), axis=1))
+            mn = tl.minimum(min_nan(tl.where(in_lo, x_lo, float("inf")), 1, False),
+                            min_nan(tl.where(in_hi, x_hi, float("inf")), 1, False), propagate_nan=tl.PropagateNan.ALL)
             s = div_by_const(mx - mn, QMAX).to(tl.float16)
             s = tl.where(s == 0.0, 1.0, s.to(tl.float32))
             m = mn.to(tl.float16)
@@ -202,7 +203,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
     else:
         d = tl.arange(0, D_PAD)
         dm = tmask[:, None] & (d < D)[None, :]
-        x = x_in.to(tl.float32)
+        x = to_f32(x_in)
         if CENTER:
             x = x - tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
         if ROTATE:  # padding channels are 0 and fill whole Hadamard blocks of their own
