@@ -12,7 +12,6 @@ import math
 import os
 
 import numpy as np
-
 import pytest
 import torch
 
