@@ -195,6 +195,15 @@ class CacheConfig:
             raise ConfigError(f"num_blocks must be positive, got {self.num_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ConfigError(f"--kv-cache-memory must be positive, got {self.kv_cache_memory}")
+        # checked here, before a model loads: a misspelled format or an unreadable scales file fails at once
+        from kvpack.formats.base import canonical_name
+        from kvpack.formats.scales import read_scales_file
+
+        for name in (self.kv_cache_dtype, self.k_cache_dtype, self.v_cache_dtype):
+            if name is not None:
+                canonical_name(name)
+        if self.kv_scales_path is not None:
+            read_scales_file(self.kv_scales_path)
 
     @property
     def k_dtype_name(self) -> str:

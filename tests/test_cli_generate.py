@@ -63,6 +63,23 @@ def test_bad_input_is_one_line_error(args, needles):
     assert_one_line_error(kvpack(*args), *needles)
 
 
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--kv-cache-dtype", "int3", "int3"),
+    ("--v-cache-dtype", "fp4", "fp4"),
+    ("--kv-scales", "{scales}", "not valid JSON"),
+    ("--kv-scales", "{missing}", "not found"),
+])
+def test_format_and_scales_errors_come_before_the_model_loads(tmp_path, flag, value, needle):
+    """A misspelled KV format or an unreadable scales file stops `generate` before any weights load
+    (`CacheConfig` checks both): no "loaded" line, where an 8B model would take a minute to load first."""
+    bad = tmp_path / "scales.json"
+    bad.write_text("{ not json")
+    value = value.format(scales=bad, missing=tmp_path / "none.json")
+    p = kvpack("--model", "dummy:tiny-llama", "--kv-cache-dtype", "int8", flag, value, "x")
+    assert_one_line_error(p, needle)
+    assert "loaded" not in p.stderr, p.stderr
+
+
 @pytest.mark.slow
 def test_chat_default_model_knows_paris():
     from importlib.util import find_spec

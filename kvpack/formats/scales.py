@@ -178,10 +178,9 @@ def save_scales(
     return data
 
 
-def load_scales(
-    path: str | os.PathLike, model_config: ModelConfig, *, weights_hash: str | None = None
-) -> KVScales:
-    """Read and validate a scales file against the model it will be used with."""
+def read_scales_file(path: str | os.PathLike) -> dict:
+    """A scales file's JSON, checked as far as it can be without the model: it exists, parses, and names
+    this format and a readable version (`CacheConfig` calls it before a model loads)."""
     path = os.fspath(path)
 
     def bad(msg: str) -> ConfigError:
@@ -201,6 +200,19 @@ def load_scales(
     if data.get("version") not in READABLE_VERSIONS:
         raise bad(f"unsupported version {data.get('version')!r}; this kvpack reads versions "
                   + ", ".join(map(str, READABLE_VERSIONS)))
+    return data
+
+
+def load_scales(
+    path: str | os.PathLike, model_config: ModelConfig, *, weights_hash: str | None = None
+) -> KVScales:
+    """Read and validate a scales file against the model it will be used with."""
+    path = os.fspath(path)
+
+    def bad(msg: str) -> ConfigError:
+        return ConfigError(f"KV scales file {path}: {msg}")
+
+    data = read_scales_file(path)
     model = data.get("model")
     if not isinstance(model, dict):
         raise bad("missing the \"model\" object")
