@@ -194,17 +194,35 @@ def check_case(lc, meta, q, scale) -> float:
     return ((out - ref).abs() / (1 + ref.abs())).max().item()
 
 
-def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int) -> dict:
+WRITE_SLOTS = ("random", "blocks")
+
+
+def write_slots(pattern: str, tokens: int, block_size: int, device) -> torch.Tensor:
+    """A write's slot mapping over a pool of tokens // block_size + 1 blocks. "random": every token in
+    a random slot (the worst case: each token-head row lands apart from its neighbours). "blocks": a
+    prefill's mapping, whole blocks in a random order with consecutive tokens inside each (what the
+    engine writes for a prompt or a chunk; a decode step writes one token per sequence)."""
+    nb = tokens // block_size + 1
+    if pattern == "random":
+        return torch.randperm(nb * block_size, device=device)[:tokens]
+    if pattern == "blocks":
+        blocks = torch.randperm(nb, device=device)
+        t = torch.arange(tokens, device=device)
+        return blocks[t // block_size] * block_size + t % block_size
+    raise ValueError(f"unknown slot pattern {pattern!r}: expected one of {', '.join(WRITE_SLOTS)}")
+
+
+def bench_write(fmt_name: str, shape: Shape, device, rep_ms: int, tokens: int, slots_pattern: str = "random") -> dict:
     from kvpack.kernels import write_kv
 
     nb = tokens // shape.block_size + 1
     lc = make_cache(fmt_name, shape, nb, device)
     k = torch.randn(tokens, shape.hkv, shape.head_dim, device=device, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    slots = torch.randperm(nb * shape.block_size, device=device)[:tokens]
+    slots = write_slots(slots_pattern, tokens, shape.block_size, device)
     us = time_graph(lambda: write_kv(k, v, lc, slots), rep_ms)
     in_bytes = 2 * k.numel() * k.element_size()
-    return {"format": fmt_name, "tokens": tokens, "us": us, "input_TBps": in_bytes / us / 1e6,
+    return {"format": fmt_name, "tokens": tokens, "slots": slots_pattern, "us": us, "input_TBps": in_bytes / us / 1e6,
             "cache_bytes_written": kv_bytes(lc, Shape("w", 1, tokens, shape.hq, shape.hkv, shape.head_dim))}
 
 
@@ -509,14 +527,17 @@ def markdown(results: dict) -> str:
                 lay = f"{r['us_layer']:.1f} | {r['TBps_layer']:.2f} | {vs_l}"
             lines.append(f"| {shape} | {f} | {r['us']:.1f} | {r['TBps']:.2f} | {vs_bf} | {vs_sd} | "
                          f"{sd_txt if f == fmts[0] else ''} | {vl or '-'} | {lay} | {chk} |")
-    lines += ["", "## Cache write (Triton, bf16 input K and V, random slots)", "",
+    lines += ["", "## Cache write (Triton, bf16 input K and V)", "",
               "torch copy: a device-to-device copy of the same input (read and written once), the ceiling "
-              "of a cache write that stores as many bytes as it reads (bf16).", "",
-              "| format | tokens | us | TB/s of input | time vs torch copy |", "|---|---:|---:|---:|---:|"]
+              "of a cache write that stores as many bytes as it reads (bf16). Slots: `random`, every token "
+              "in a random slot (the worst case); `blocks`, a prompt's mapping (whole blocks in a random "
+              "order, consecutive tokens inside each).", "",
+              "| format | tokens | slots | us | TB/s of input | time vs torch copy |", "|---|---:|---|---:|---:|---:|"]
     copy_us = {w["tokens"]: w["us"] for w in results["write"] if w["format"].startswith("torch copy")}
     for w in results["write"]:
         vs = f"{w['us'] / copy_us[w['tokens']]:.2f}" if w["tokens"] in copy_us else "-"
-        lines.append(f"| {w['format']} | {w['tokens']} | {w['us']:.1f} | {w['input_TBps']:.2f} | {vs} |")
+        lines.append(f"| {w['format']} | {w['tokens']} | {w.get('slots', '-')} | {w['us']:.1f} | "
+                     f"{w['input_TBps']:.2f} | {vs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -583,6 +604,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/attention")
     ap.add_argument("--write-tokens", default="64,2048,16384,65536",
                     help="cache write: tokens per launch (comma-separated; a torch copy of the same bytes each)")
+    ap.add_argument("--write-slots", default=",".join(WRITE_SLOTS),
+                    help="cache write: slot mappings (comma-separated): random, blocks (a prompt's; see write_slots)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU", file=sys.stderr)
@@ -655,7 +678,8 @@ def main(argv=None) -> int:
     results["write"] += [bench_copy(wshape, device, rep, t) for t in write_tokens]
     for fmt_name in formats:
         for t in write_tokens:
-            results["write"].append(bench_write(fmt_name, wshape, device, rep, t))
+            for pattern in args.write_slots.split(","):
+                results["write"].append(bench_write(fmt_name, wshape, device, rep, t, pattern))
     write_reports(results, args.out)
     return 0
 

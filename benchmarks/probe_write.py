@@ -7,6 +7,7 @@ ceiling: it reads and writes them). Prints one line per case: us and TB/s of inp
 
     python benchmarks/probe_write.py --tokens 16384
     python benchmarks/probe_write.py --tokens 65536 --block-t auto --warps 4 --rows 0,1  # the two layouts
+    python benchmarks/probe_write.py --tokens 65536 --formats int4 --block-t auto --warps 4 --maxnreg 0,64
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ def main() -> int:
     ap.add_argument("--block-t", default="8,16,32")
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--rep-ms", type=int, default=30)
+    ap.add_argument("--slots", default="random", help="comma list of slot mappings: random, blocks "
+                    "(`bench_attention.write_slots`)")
+    ap.add_argument("--maxnreg", default="0", help="comma list of register caps per thread (0: none)")
     ap.add_argument("--rows", default="auto", help="comma list of auto / 0 / 1: the launcher's rule, the "
                     "plain layout, the row layout (`cache_write.row_layout`, where the format takes it)")
     args = ap.parse_args()
 
-    from benchmarks.bench_attention import Shape, make_cache, time_graph
+    from benchmarks.bench_attention import Shape, make_cache, time_graph, write_slots
     from kvpack.kernels.cache_write import _cache_write_kernel, plan_write
 
     dev = torch.device("cuda")
@@ -41,7 +45,6 @@ def main() -> int:
     nb = T // shape.block_size + 1
     k = torch.randn(T, shape.hkv, shape.head_dim, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    slots = torch.randperm(nb * shape.block_size, device=dev)[:T]
     in_bytes = 2 * k.numel() * k.element_size()
     kk, vv = torch.empty_like(k), torch.empty_like(v)
 
@@ -53,13 +56,18 @@ def main() -> int:
     print(f"{'copy (read + write)':24s} {us:8.1f} us {in_bytes / us / 1e6:6.2f} TB/s of input", flush=True)
     for fmt_name in args.formats.split(","):
         lc = make_cache(fmt_name, shape, nb, dev)
-        cases = [(r, bt, nw) for r in args.rows.split(",")
-                 for bt in ([None] if args.block_t == "auto" else [int(x) for x in args.block_t.split(",")])
-                 for nw in (int(x) for x in args.warps.split(","))]
-        for rows, bt, nw in cases:
+        cases = [(sp, r, bt, nw, mr) for sp in args.slots.split(",") for r in args.rows.split(",")
+                 for bt in (None if x == "auto" else int(x) for x in args.block_t.split(","))
+                 for nw in (int(x) for x in args.warps.split(","))
+                 for mr in (int(x) for x in args.maxnreg.split(","))]
+        for sp, rows, bt, nw, mr in cases:
+            slots = write_slots(sp, T, shape.block_size, dev)
             grid, kargs, opts = plan_write(k, v, lc, slots, block_t=bt, num_warps=nw,
                                            rows=None if rows == "auto" else rows == "1")
-            tag = f"{fmt_name:12s} rows={rows:4s} ({int(any(kargs[-3:-1]))}) bt={T // grid[0]:3d} w={nw}"
+            if mr:
+                opts = {**opts, "maxnreg": mr}
+            tag = (f"{fmt_name:12s} {sp:6s} rows={rows:4s} ({int(any(kargs[-3:-1]))}) bt={T // grid[0]:3d} w={nw}"
+                   + (f" maxnreg={mr}" if mr else ""))
             try:
                 us = time_graph(lambda: _cache_write_kernel[grid](*kargs, **opts), args.rep_ms)
             except Exception as e:  # e.g. out of registers / shared memory for a large tile

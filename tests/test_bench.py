@@ -296,11 +296,29 @@ def test_bench_attention_write_only_reports(tmp_path):
            "command": "bench_attention.py --write-only"}
     results = {"env": env, "decode": [], "sdpa": {}, "vllm_us": {},
                "write": [{"format": "torch copy (ceiling)", "tokens": 64, "us": 8.0, "input_TBps": 0.5},
-                         {"format": "int4", "tokens": 64, "us": 6.0, "input_TBps": 0.6}]}
+                         {"format": "int4", "tokens": 64, "slots": "blocks", "us": 6.0, "input_TBps": 0.6}]}
     write_reports(results, str(tmp_path))
     md = (tmp_path / "bench_attention.md").read_text()
-    assert "| int4 | 64 | 6.0 | 0.60 | 0.75 |" in md and not (tmp_path / "bench_attention.png").exists()
+    assert "| int4 | 64 | blocks | 6.0 | 0.60 | 0.75 |" in md and not (tmp_path / "bench_attention.png").exists()
     assert json.loads((tmp_path / "bench_attention.json").read_text())["write"][1]["us"] == 6.0
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 37, 256])
+def test_bench_attention_write_slots(tokens):
+    """The cache write's slot mappings: distinct slots inside the pool; "blocks" puts consecutive tokens
+    in consecutive slots inside each block, and whole blocks in a random order; a bad name is an error."""
+    from benchmarks.bench_attention import write_slots
+
+    bs = 16
+    pool = (tokens // bs + 1) * bs
+    for pattern in ("random", "blocks"):
+        s = write_slots(pattern, tokens, bs, torch.device("cpu"))
+        assert s.shape == (tokens,) and len(set(s.tolist())) == tokens and 0 <= s.min() and s.max() < pool
+    s = write_slots("blocks", tokens, bs, torch.device("cpu"))
+    for t in range(tokens):
+        assert s[t] % bs == t % bs and (t % bs == 0 or s[t] == s[t - 1] + 1)
+    with pytest.raises(ValueError, match="unknown slot pattern 'sorted'"):
+        write_slots("sorted", tokens, bs, torch.device("cpu"))
 
 
 def test_throughput_profile_steps(tmp_path, capsys):
