@@ -472,3 +472,25 @@ def test_sass_loop_mix_counts_each_loop_body():
     outer, inner = (mix for _, mix in mixes)
     assert inner == {"HMMA.16816.F32": 1, "LDG.E.128": 1, "BRA": 1}
     assert outer["LDG.E.U16"] == 2 and outer["BRA"] == 3 and sum(outer.values()) == 7
+
+
+def test_plot_latency_context(tmp_path):
+    """`plot_latency_context.py`: latency and bytes a step against bf16's at the same context, one row per
+    (context, format), from `bench latency` JSON files; an input without a bf16 row is an error."""
+    from benchmarks.plot_latency_context import main as plot_main
+
+    def run(ctx, rows):
+        p = tmp_path / f"lat_{ctx}.json"
+        p.write_text(json.dumps({"env": {"commit": "abc", "gpu": "G"}, "results": [
+            {"kv_cache_dtype": f, "context": ctx, "batch_size": 1, "median_ms": ms, "bytes_per_step": b}
+            for f, ms, b in rows]}))
+        return str(p)
+
+    paths = [run(65536, [("int8", 6.0, 24.0), ("bfloat16", 8.0, 32.0)]), run(32768, [("bfloat16", 5.0, 20.0)])]
+    assert plot_main(paths + ["--out", str(tmp_path / "o")]) == 0
+    rows = json.loads((tmp_path / "o" / "latency_context.json").read_text())
+    assert [(r["context"], r["format"]) for r in rows] == [(32768, "bfloat16"), (65536, "bfloat16"), (65536, "int8")]
+    assert rows[2]["vs_bf16"] == 0.75 and rows[2]["bytes_vs_bf16"] == 0.75
+    assert "| 65,536 | 1 | int8 | 6.000 | 0.75 | 0.75 |" in (tmp_path / "o" / "latency_context.md").read_text()
+    with pytest.raises(SystemExit, match="no bfloat16 row"):
+        plot_main([run(1024, [("int8", 1.0, 1.0)]), "--out", str(tmp_path / "o2")])
