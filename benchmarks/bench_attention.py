@@ -607,6 +607,9 @@ def main(argv=None) -> int:
     ap.add_argument("--write-slots", default=",".join(WRITE_SLOTS),
                     help="cache write: slot mappings (comma-separated): random, blocks (a prompt's; see write_slots)")
     args = ap.parse_args(argv)
+    bad = [p for p in args.write_slots.split(",") if p not in WRITE_SLOTS]
+    if bad:  # before the decode rows, not after them
+        ap.error(f"--write-slots: unknown slot mapping {', '.join(bad)} (expected {', '.join(WRITE_SLOTS)})")
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Probe (not a benchmark table): the cache-write kernel's tile and warp count per format on a GPU.
 
 Times, in one run (CUDA-graph replays, L2 flushed), `write_kv`'s kernel for `--tokens` new tokens of
-Llama-3.1-8B K and V (8 kv heads, head dim 128, bf16 input, random slots) at each tokens-per-program
+Llama-3.1-8B K and V (8 kv heads, head dim 128, bf16 input, random slots or `--slots`) at each tokens-per-program
 (`--block-t`) and warp count (`--warps`), plus a device-to-device copy of the same input bytes (the
 ceiling: it reads and writes them). Prints one line per case: us and TB/s of input.
 

@@ -321,6 +321,15 @@ def test_bench_attention_write_slots(tokens):
         write_slots("sorted", tokens, bs, torch.device("cpu"))
 
 
+def test_bench_attention_bad_write_slots_fail_first(capsys):
+    """A misspelled `--write-slots` stops `bench_attention.py` at once (before any GPU work), naming it."""
+    from benchmarks.bench_attention import main as bench_main
+
+    with pytest.raises(SystemExit) as e:
+        bench_main(["--write-only", "--write-slots", "random,sorted"])
+    assert e.value.code == 2 and "unknown slot mapping sorted" in capsys.readouterr().err
+
+
 def test_throughput_profile_steps(tmp_path, capsys):
     """--profile-steps A:B profiles timed steps A..B-1 of the run (torch.profiler, `kvpack_step` ranges)
     into PREFIX_<format>_profile.json: one "per step" row (wall time; on CPU no GPU events, busy 0) and
