@@ -503,3 +503,29 @@ def test_plot_latency_context(tmp_path):
     assert "| 65,536 | 1 | int8 | 6.000 | 0.75 | 0.75 |" in (tmp_path / "o" / "latency_context.md").read_text()
     with pytest.raises(SystemExit, match="no bfloat16 row"):
         plot_main([run(1024, [("int8", 1.0, 1.0)]), "--out", str(tmp_path / "o2")])
+
+
+def test_decode_timeline_summary(tmp_path):
+    """`probe_decode_timeline.summarize` on made-up stamps (ns): two programs a call, the second call with a
+    merge; every quantity of its doc from the stamps, and the plot from a raw file."""
+    from benchmarks.probe_decode_timeline import SLOTS, granularity, plot_timeline, summarize
+
+    def prog(entry, q, first, loop_end, exit_, sm):
+        return [entry, q, first, loop_end, exit_, 0, 2 * (exit_ - entry), sm]
+
+    call1 = [prog(1000, 2000, 0, 9000, 10000, 0), prog(1500, 2500, 0, 11000, 12000, 1)]
+    call2 = [prog(13000, 14000, 15000, 20000, 21000, 0), prog(13000, 15000, 16000, 22000, 24000, 0)]
+    merge2 = [[20000, 24500, 0, 0, 25500, 0, 0, 3]]
+    rows = summarize([(call1, None), (call2, merge2)], [False, True])
+    assert rows[0]["gap_us"] is None and rows[0]["call_us"] == 11.0 and rows[0]["start_spread_us"] == 0.5
+    assert rows[0]["first_tile_p50_us"] is None and rows[0]["ghz"] == 2.0 and rows[0]["sms"] == 2
+    r = rows[1]
+    assert r["gap_us"] == 1.0  # the previous call's last exit (12000) to this one's first entry (13000)
+    assert r["prologue_p50_us"] == 1.5 and r["prologue_max_us"] == 2.0 and r["first_tile_p50_us"] == 1.0
+    assert r["stream_min_us"] == 6.0 and r["stream_max_us"] == 7.0 and r["epilogue_max_us"] == 2.0
+    assert r["exit_max_us"] == 11.0 and r["exit_p50_us"] == 9.5 and r["tail_us"] == 1.5 and r["start_spread_us"] == 0
+    assert r["merge_after_decode_us"] == 1.5 and r["merge_wait_done_first_us"] == 0.5 and r["call_us"] == 12.5
+    assert len(call1[0]) == SLOTS and granularity([(call1, None), (call2, merge2)]) == 500
+    raw = {"s/f": [(torch.tensor(call1), None), (torch.tensor(call2), torch.tensor(merge2))]}
+    plot_timeline(raw, ["s/f"], str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 0

@@ -48,6 +48,8 @@ def signature(fn, args: list, kwargs: dict | None = None) -> tuple[dict, dict, d
             sig[param.name], consts[param.name] = "constexpr", kwargs[param.name]
         elif param.is_constexpr and param.default is not inspect.Parameter.empty:
             sig[param.name], consts[param.name] = "constexpr", param.default
+        elif param.default is None:  # an optional pointer left out (`times_ptr`): the JIT's None constexpr
+            sig[param.name], consts[param.name] = "constexpr", None
     plain = set(getattr(fn, "do_not_specialize", None) or ())  # names (or indices) the JIT leaves as they are
     for i, (name, a) in enumerate(zip(fn.arg_names, args)):
         if (name in plain or i in plain) and type(a) is int:

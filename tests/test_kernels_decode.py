@@ -398,23 +398,61 @@ def test_pdl_mode_setting(monkeypatch):
     assert pdl_mode("frag", "int8", "int8", cuda) == 0
 
 
+def test_pdl_mode_defaults(monkeypatch):
+    """Which separate merges launch early by default (an sm_90 device assumed): "frag" and 16-bit "dot" always,
+    "fragt" only while its merge has at most FRAGT_PDL_MAX_MERGE programs (one or two sequences of Llama-3.1-8B's
+    32 query heads), the others never."""
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.delenv("KVPACK_DECODE_PDL", raising=False)
+    monkeypatch.setitem(dp._PDL_OK, 0, True)
+    cuda = torch.device("cuda", 0)
+    assert dp.pdl_mode("frag", "int8", "int8", cuda, 1024) == 1
+    assert dp.pdl_mode("dot", "float", "float", cuda, 1024) == 1
+    assert dp.pdl_mode("dot", "fp8_e4m3", "fp8_e4m3", cuda, 32) == 0
+    assert dp.pdl_mode("imma", "int8", "int8", cuda, 32) == 0
+    assert dp.pdl_mode("fragt", "int4", "int4", cuda, dp.FRAGT_PDL_MAX_MERGE) == 1
+    assert dp.pdl_mode("fragt", "int4", "int4", cuda, dp.FRAGT_PDL_MAX_MERGE + 1) == 0
+    assert dp.pdl_mode("fragt", "int4", "int4", cuda) == 0
+    monkeypatch.setenv("KVPACK_DECODE_PDL", "end")
+    assert dp.pdl_mode("fragt", "int4", "int4", cuda, 4096) == 2
+
+
+def test_merge_warps():
+    """The separate merge's warps follow its partials (~128 fp32 a thread, 1-4 warps), and the plan launches it
+    with them."""
+    from kvpack.kernels.decode_attention import plan_decode
+    from kvpack.kernels.decode_plan import merge_warps
+
+    assert [merge_warps(s, 128) for s in (2, 8, 16, 32, 64, 128)] == [1, 1, 1, 1, 2, 4]
+    assert [merge_warps(s, 64) for s in (16, 32, 128)] == [1, 1, 2]
+    q, lc, meta = build_case("int8", "int8", [9000, 1300], 8, 2, 128, 16)
+    for splits, warps in ((2, 1), (64, 2)):
+        plan = plan_decode(q, lc, meta, 128 ** -0.5, num_splits=splits, merge="separate")
+        assert plan.merge_options["num_warps"] == warps, (plan.grid, plan.merge_options)  # 2 or 33-64 splits
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,variant", [("bfloat16", "dot"), ("int8", "imma"), ("int8", "frag"), ("int4", "fragt"),
-                                          ("fp8_e4m3", "dot"), ("fp8_e4m3", "frag")])
-def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
+@pytest.mark.parametrize("name,variant,lens", [
+    ("bfloat16", "dot", [8192, 3001, 1, 4096]), ("int8", "imma", [8192, 3001, 1, 4096]),
+    ("int8", "frag", [8192, 3001, 1, 4096]), ("int4", "fragt", [8192, 3001, 1, 4096]),
+    ("int4", "fragt", [8192, 3001]), ("fp8_e4m3", "dot", [8192, 3001, 1, 4096]),
+    ("fp8_e4m3", "frag", [8192, 3001, 1, 4096])])
+def test_decode_pdl_merge_gpu(name, variant, lens, monkeypatch):
     """The separate split merge as a programmatic dependent launch (`decode_plan.pdl_mode`, sm_90+, the
-    variants of `pdl_variant`): the same bits as a plain launch, eager and replayed from a CUDA graph (the
-    merge waits for the decode grid)."""
+    variants of `pdl_variant`, and "fragt" with a merge of <= FRAGT_PDL_MAX_MERGE programs): the same bits as a
+    plain launch, eager and replayed from a CUDA graph (the merge waits for the decode grid)."""
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
     from kvpack.kernels.decode_plan import pdl_mode
 
-    lens = [8192, 3001, 1, 4096]
     q, lc, meta = build_case(name, name, lens, 32, 8, 128, 16, device="cuda")
     scale = 128 ** -0.5
     kw = dict(num_splits=16, variant=variant, merge="separate")
     plan = plan_decode(q, lc, meta, scale, **kw)
     assert plan.merge_grid is not None and plan.variant == variant
-    assert (plan.merge_options is not None) == (pdl_mode(variant, lc.k.fmt.kind, lc.v.fmt.kind, q.device) > 0)
+    pdl = pdl_mode(variant, lc.k.fmt.kind, lc.v.fmt.kind, q.device, len(lens) * 32)
+    assert ("PDL" in plan.merge_options) == (pdl > 0)
+    assert pdl > 0 or variant in ("imma", "fragt") or name == "fp8_e4m3"
     with_pdl = decode_paged_attention(q, lc, meta, scale, **kw)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -427,7 +465,7 @@ def test_decode_pdl_merge_gpu(name, variant, monkeypatch):
         g.replay()
     torch.cuda.synchronize()
     monkeypatch.setenv("KVPACK_DECODE_PDL", "0")
-    assert plan_decode(q, lc, meta, scale, **kw).merge_options is None
+    assert "PDL" not in plan_decode(q, lc, meta, scale, **kw).merge_options
     plain = decode_paged_attention(q, lc, meta, scale, **kw)
     assert torch.equal(with_pdl, plain) and torch.equal(graphed, plain)
 

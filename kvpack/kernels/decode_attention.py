@@ -48,11 +48,11 @@ from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
     choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, int4_ring_default, merge_chunk,
-    merge_counters, pdl_mode,
+    merge_counters, merge_warps, pdl_mode,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
-    int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, Q_LO_STEPS, split_q_int8,
+    int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, probe_stamp, PROBE_SLOTS, Q_LO_STEPS, split_q_int8,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -295,7 +295,14 @@ def _decode_kernel(
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
     ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
     cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0, PDL: tl.constexpr = 0,
+    times_ptr=None,
 ):
+    if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
+        t_ptr = times_ptr + ((tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
+                             + tl.program_id(2)).to(tl.int64) * PROBE_SLOTS
+        probe_stamp(t_ptr, 0)
+        probe_stamp(t_ptr + 5, 1)
+        probe_stamp(t_ptr + 7, 2)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         gdc_launch_dependents()
     b = tl.program_id(0)
@@ -352,6 +359,8 @@ def _decode_kernel(
 
     bt_row = bt_ptr + b.to(tl.int64) * s_bt
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 1, 0)
     for phase in tl.static_range(2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
@@ -380,6 +389,8 @@ def _decode_kernel(
         acc_a = acc_a * v_scale
         acc_b = acc_b * v_scale
 
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         gdc_launch_dependents()
     if V_FMT == K_FMT_INT4:
@@ -415,6 +426,9 @@ def _decode_kernel(
         if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
             _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                         GROUP, MERGE_G, MERGE_CH, D, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 4, 0)
+        probe_stamp(t_ptr + 6, 1)
 
 
 @triton.jit
@@ -486,13 +500,19 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
                   SPLITS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                   vmean_ptr=None, GROUP: tl.constexpr = 1, ROT_HB: tl.constexpr = 1,
                   ROT_NORM: tl.constexpr = 1.0, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  PDL: tl.constexpr = False, times_ptr=None):
     b = tl.program_id(0)
     hq = tl.program_id(1)
+    if times_ptr is not None:  # the timeline probe: 0 entry, 1 past the wait, 4 exit, 7 %smid
+        t_ptr = times_ptr + (b * tl.num_programs(1) + hq).to(tl.int64) * PROBE_SLOTS
+        probe_stamp(t_ptr, 0)
+        probe_stamp(t_ptr + 7, 2)
     q_row = tl.load(qsl_ptr + b)
     has_q = tl.load(qsl_ptr + b + 1) > q_row
     if PDL:  # launched as a dependent of the decode kernel: its partials are complete past this point
         gdc_wait()
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 1, 0)
     sp = tl.arange(0, SPLITS_PAD)
     smask = sp < num_splits
     ph = (b * HQ + hq).to(tl.int64) * num_splits + sp
@@ -512,6 +532,8 @@ def _merge_kernel(po_ptr, pml_ptr, out_ptr, so_t, so_h, qsl_ptr, HQ, num_splits,
     else:
         tl.store(out_ptr + q_row.to(tl.int64) * so_t + hq * so_h + d, o.to(out_ptr.dtype.element_ty),
                  mask=(d < D) & has_q)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 4, 0)
 
 
 # ---- launch plan and launcher ----------------------------------------------------------------
@@ -722,10 +744,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits,
                       max(2, next_pow2(num_splits)), D, d_pad]
         merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
-        pdl = 0 if INTERPRET else pdl_mode(variant, kp.fmt.kind, vp.fmt.kind, dev)
+        pdl = 0 if INTERPRET else pdl_mode(variant, kp.fmt.kind, vp.fmt.kind, dev, B * Hq)
+        merge_options = {"num_warps": merge_warps(merge_args[8], d_pad)}
         if pdl:
             options["PDL"] = pdl
-            merge_options = {"PDL": True, "launch_pdl": True}
+            merge_options.update({"PDL": True, "launch_pdl": True})
     return DecodePlan((B, Hkv, num_splits), args, options, merge_grid, merge_args, out, post, kernel, variant,
                       kp.fmt.rotate and not rot_q, merge_options)
 

@@ -48,8 +48,9 @@ data between lanes.
   (code * s + m, one fp16 fma per pair after an exact nibble -> fp16 conversion, `_ASM_INT4_DEQ`) and
   go to fp16 MMAs. Byte j of a code row holds channels j and j + 64. K: lane t reads bytes 16 t .. 16 t
   + 15 of a token (one 16-byte load): channels 16 t + b (low nibbles) and 64 + 16 t + b (high), two
-  groups a lane; logical channel 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 h + e
-  (q permuted alike). V: lane 4 nl + t reads bytes 8 nl .. 8 nl + 7 of its tokens; logical output
+  groups a lane; logical channel 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 e + h
+  (q permuted alike; session 29: K's registers convert bytes (0, 2) and (1, 3) as pairs, `_ASM_INT4_DEQ_K`,
+  13 instructions a register of codes against 15: before, 2 h + e). V: lane 4 nl + t reads bytes 8 nl .. 8 nl + 7 of its tokens; logical output
   channel 8 m + nl is channel 64 (m // 8) + 8 nl + m % 8. PREFETCH is an L2 prefetch distance there
   (`prefetch.global.L2` of the tile PREFETCH ahead; default 1), not the ring. Measured on an H200
   (results/attention_s16): 0.96-1.00x the time of "dot" at batch >= 8 and 1.07x at 1 x 32768, so
@@ -133,7 +134,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kvpack.kernels.quant import (
-    K_FMT_FP8E4M3, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2, split_q_int8,
+    K_FMT_FP8E4M3, K_FMT_INT4, K_FMT_INT8, PROBE_SLOTS, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2,
+    probe_stamp, split_q_int8,
 )
 
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -286,6 +288,25 @@ fma.rn.f16x2 $3, a3, $10, $12;
 }""")
 
 
+# K's bytes (session 29): one packed register of 4 code bytes [B0 B1 B2 B3] ($4) -> the fp16 pairs (B0, B2) and (B1,
+# B3) of the low nibbles ($0, $1) and of the high nibbles ($2, $3), each nibble masked into 0x64 by one lop3 (as
+# V's pairs below: the odd bytes after one shift, the high nibbles in place as 1024 + 16 code, their group scale
+# / 16 in $9, $10), 1024 subtracted (exact), one fma with (s, s) and (z, z): 13 instructions a register against
+# `_ASM_INT4_DEQ`'s 15. The pairs take bytes two apart, so K's logical channel order differs from `_ASM_INT4_DEQ`'s
+# in two index bits (`_q_phys`).
+def _deq_k_asm() -> str:
+    """`_ASM_INT4_DEQ_K`'s text."""
+    body = [".reg .b32 y, a, k;", "mov.b32 k, 0x64006400;", "shr.b32 y, $4, 8;"]
+    for out, src, mask, s, z in ((0, "$4", "0x000F000F", 5, 7), (1, "y", "0x000F000F", 6, 8),
+                                 (2, "$4", "0x00F000F0", 9, 11), (3, "y", "0x00F000F0", 10, 12)):
+        body += [f"lop3.b32 a, {src}, {mask}, 0x64006400, 0xEA;", "sub.f16x2 a, a, k;",
+                 f"fma.rn.f16x2 ${out}, a, ${s}, ${z};"]
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+_ASM_INT4_DEQ_K = gl.constexpr(_deq_k_asm())
+
+
 # V's token pairs (the RING4 path): two tokens' packed int4 bytes, the same 4 channel bytes each ($8: the even
 # token's register, $9: the odd's) -> for each byte, one fp16 pair (even token, odd token) of its low nibble and
 # one of its high nibble: the pairs the A operand of V^T @ P^T holds (consecutive tokens), so no halves move
@@ -382,6 +403,16 @@ def _int4_dequant(c, s_lo, z_lo, s_hi, z_hi):
 
 
 @gluon.jit
+def _int4_dequant_k(c, s_lo, z_lo, s_hi, z_hi):
+    """`_int4_dequant` for K (`_ASM_INT4_DEQ_K`): the same values, each 4-byte register's in the order bytes 0, 2,
+    1, 3 (low nibbles, then high). s_hi / 16 is exact while s_hi >= 2^-10 (a normal fp16 after the division);
+    below, a value may differ from `_int4_dequant`'s by an ulp."""
+    s16 = (s_hi.to(gl.float32) * 0.0625).to(gl.float16)
+    return gl.inline_asm_elementwise(_ASM_INT4_DEQ_K, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [c, s_lo, z_lo, s16, z_hi],
+                                     dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@gluon.jit
 def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                    BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr,
@@ -441,9 +472,9 @@ def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_
 def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr):
     """A 64-token int4 K tile's codes [i, nl, t, b] (K4_LOAD) and the lane's group parameters [i, nl, t, 1],
     dequantized, as the B operand [128, 64] of q @ K^T (AS_A: the A operand [64, 128] of K @ q^T)."""
-    lo, hi = _int4_dequant(kc, s_lo, z_lo, s_hi, z_hi)
-    # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + b = logical 16 j + 8 h + 2 t + e
-    # with 16 w + b = 4 j + 2 h + e (j = 4 w + b // 4)
+    lo, hi = _int4_dequant_k(kc, s_lo, z_lo, s_hi, z_hi)
+    # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + 4 (b // 4) + 2 (b % 2) + (b // 2) % 2
+    # (`_ASM_INT4_DEQ_K`'s byte order 0, 2, 1, 3) = logical 16 j + 8 h + 2 t + e with 16 w + b = 4 j + 2 h + e
     k = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 4, 3]), [8, 8, 4, 8, 2, 2])  # i nl t j h e
     if AS_A:  # the A operand [64, 128] of K @ q^T ("fragt")
         k = gl.permute(k, [0, 1, 3, 4, 2, 5])  # i nl j h t e
@@ -626,8 +657,8 @@ def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.conste
 @gluon.jit
 def _q_phys(kk, K_FMT: gl.constexpr):
     """The code byte (int4: the channel) that logical channel kk of q meets in the K fragments (module doc)."""
-    if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 h + e
-        p = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+    if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 e + h
+        p = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + (kk & 1) * 2 + ((kk >> 3) & 1)
     elif K_FMT == K_FMT_INT8:  # int8 MMAs: logical 32 j + 16 h + 4 t + e is code byte 32 t + 8 j + 4 h + e
         p = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
     else:  # logical 16 j + 8 h + 2 t + e is code byte 32 t + 4 j + 2 h + e
@@ -880,10 +911,17 @@ def _frag_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
+    times_ptr=None,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean only in
     the fused merge, else by `rotate_heads` or `_merge_kernel`); D == 128, BLOCK_N == 64."""
+    if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
+        t_ptr = times_ptr + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2)
+                             + gl.program_id(2)).to(gl.int64) * PROBE_SLOTS
+        probe_stamp(t_ptr, 0)
+        probe_stamp(t_ptr + 5, 1)
+        probe_stamp(t_ptr + 7, 2)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         _pdl_trigger()
     b = gl.program_id(0)
@@ -932,8 +970,8 @@ def _frag_decode_kernel(
         # q [16, 128] as the A operand, channels in the K fragments' order (see the module doc)
         g = gl.arange(0, 16, layout=gl.SliceLayout(1, A_OP))
         kk = gl.arange(0, 128, layout=gl.SliceLayout(0, A_OP))
-        if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 h + e
-            phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+        if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 e + h
+            phys = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + (kk & 1) * 2 + ((kk >> 3) & 1)
         else:
             phys = ((kk >> 1) & 3) * 32 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
         q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
@@ -941,7 +979,7 @@ def _frag_decode_kernel(
             gb = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_LOAD))
             kb = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
             if K_FMT == K_FMT_INT4:
-                pb = (kb >> 6) * 64 + ((kb >> 1) & 3) * 16 + ((kb >> 4) & 3) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
+                pb = (kb >> 6) * 64 + ((kb >> 1) & 3) * 16 + ((kb >> 4) & 3) * 4 + (kb & 1) * 2 + ((kb >> 3) & 1)
             else:
                 pb = ((kb >> 1) & 3) * 32 + (kb >> 4) * 4 + ((kb >> 3) & 1) * 2 + (kb & 1)
             qb = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + gb)[:, None] * sq_h
@@ -955,6 +993,8 @@ def _frag_decode_kernel(
     m_i = gl.full([16], -float("inf"), gl.float32, layout=ROWS)
     l_i = gl.full([16], 0.0, gl.float32, layout=ROWS)
     acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 1, 0)
     if RING:
         for i in range(0, n_full):
             _frag_issue(start + (i + PREFETCH) * 64, i + PREFETCH < n_full, h, bt_row, kbuf, vbuf, ksbuf, vsbuf,
@@ -971,6 +1011,9 @@ def _frag_decode_kernel(
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False,
                                        KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT, kz_ptr, vz_ptr, K_G, V_G,
                                        K_FACTOR=K_FACTOR)
+            if times_ptr is not None:
+                if i == 0:
+                    probe_stamp(t_ptr + 2, 0)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
@@ -981,6 +1024,8 @@ def _frag_decode_kernel(
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
                                        KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF, K_FACTOR)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         _pdl_trigger()
     if V_STATIC:
@@ -1008,6 +1053,9 @@ def _frag_decode_kernel(
         if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
             _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                              GROUP, MERGE_G, MERGE_CH, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 4, 0)
+        probe_stamp(t_ptr + 6, 1)
 
 
 # "fragt" (int4 K and V, GQA groups <= 8): both products transposed, so that the 8 (padded) query heads
@@ -1249,13 +1297,19 @@ def _fragt_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
-    RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False,
+    RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
     L2 prefetch distance. Per 64-token tile it issues half the MMAs (32 + 32 m16n8k16 against 64 + 64) and
     keeps a quarter of the padded softmax work; the output accumulator is [128, 8] (32 registers a lane,
     against [16, 128]'s 64)."""
+    if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
+        t_ptr = times_ptr + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2)
+                             + gl.program_id(2)).to(gl.int64) * PROBE_SLOTS
+        probe_stamp(t_ptr, 0)
+        probe_stamp(t_ptr + 5, 1)
+        probe_stamp(t_ptr + 7, 2)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         _pdl_trigger()
     b = gl.program_id(0)
@@ -1300,6 +1354,8 @@ def _fragt_decode_kernel(
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
     acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 1, 0)
     FIRST: gl.constexpr = 1 if RING4 > 0 else 0  # the ring takes the whole tiles
     if RING4 > 0:  # int4 K and V (groups of 32, 64 or 128): whole tiles through a cp.async ring of RING4 + 1 slots
         NSLOT: gl.constexpr = RING4 + 1
@@ -1326,6 +1382,9 @@ def _fragt_decode_kernel(
             gl.thread_barrier()  # the reads cross lanes
             m_i, l_i, acc = _fragt_tile_ring(q, m_i, l_i, acc, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, i % NSLOT,
                                              RING4_VPAIRS, NG)
+            if times_ptr is not None:
+                if i == 0:
+                    probe_stamp(t_ptr + 2, 0)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
@@ -1342,6 +1401,8 @@ def _fragt_decode_kernel(
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
                                              phase == 1, KI8, K_FACTOR)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         _pdl_trigger()
     if V_STATIC:
@@ -1372,3 +1433,6 @@ def _fragt_decode_kernel(
         if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
             _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                              GROUP, MERGE_G, MERGE_CH, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+    if times_ptr is not None:
+        probe_stamp(t_ptr + 4, 0)
+        probe_stamp(t_ptr + 6, 1)

@@ -157,7 +157,10 @@ def pdl_variant(variant: str, k_kind: str, v_kind: str) -> bool:
     return variant == "frag" or variant == "dot" and k_kind == v_kind == "float"
 
 
-def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device) -> int:
+FRAGT_PDL_MAX_MERGE = 64  # "fragt" launches its merge early while the merge has at most this many programs
+
+
+def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device, merge_programs: int | None = None) -> int:
     """Whether (and where) the separate split merge is launched as a programmatic dependent launch of its
     decode kernel (sm_90+): 0 not; 1 the decode kernel executes `griddepcontrol.launch_dependents` as each
     program starts, 2 after its loop over the tiles. The merge's programs read the partials only after
@@ -169,13 +172,27 @@ def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device) -> in
     env = os.environ.get("KVPACK_DECODE_PDL", "")
     if env and env not in PDL_MODES:
         raise ConfigError(f"KVPACK_DECODE_PDL={env!r} is not one of " + ", ".join(PDL_MODES))
-    mode = PDL_MODES[env] if env else (1 if pdl_variant(variant, k_kind, v_kind) else 0)
+    early = pdl_variant(variant, k_kind, v_kind) or (
+        variant == "fragt" and merge_programs is not None and merge_programs <= FRAGT_PDL_MAX_MERGE)
+    mode = PDL_MODES[env] if env else (1 if early else 0)
     if mode == 0:
         return 0
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _PDL_OK:
         _PDL_OK[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
     return mode if _PDL_OK[idx] else 0
+
+
+MERGE_ELEMS_PER_THREAD = 128  # the separate merge's partial elements a thread loads (`merge_warps`)
+
+
+def merge_warps(splits_pad: int, d_pad: int) -> int:
+    """Warps of the separate split merge (`_merge_kernel`: a program per (sequence, query head) loads its
+    [splits_pad, d_pad] fp32 partials at once): about MERGE_ELEMS_PER_THREAD a thread, 1 to 4 warps. Measured on
+    an H200 against the former 4 warps (session 29, results/timeline_s29/merge_ab.json, per layer): 64 x 128
+    partials (int8, FP8 at 1 x 32768) 2 warps 0.97-0.98x; 8-32 x 64-128 (8 x 8192, SmolLM2's 32 x 4096) 1 warp
+    0.97-0.99x; 128 x 128 (bf16, int4 at 1 x 32768) 4 warps (1 warp: 1.5x, 512 values a thread spill)."""
+    return max(1, min(4, next_pow2(max(1, splits_pad * d_pad // (32 * MERGE_ELEMS_PER_THREAD)))))
 
 
 MERGES = ("auto", "fused", "separate")
@@ -290,4 +307,4 @@ class DecodePlan:
     kernel: object = None  # the decode kernel (`_decode_kernel` or Gluon `_frag_decode_kernel`)
     variant: str = "dot"
     rotate_q: bool = False  # q @ R by `rotate_heads` into args[0] before the launch (else in the kernel, or none)
-    merge_options: dict | None = None  # `_merge_kernel`'s launch keywords (programmatic dependent launch)
+    merge_options: dict | None = None  # `_merge_kernel`'s launch keywords (warps; programmatic dependent launch)

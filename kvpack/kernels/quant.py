@@ -455,6 +455,25 @@ def prefetch_l2(ptrs):
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
+# `times_ptr` probe of the decode kernels (benchmarks/probe_decode_timeline.py): a program's timestamps, 8 int64
+# a program: 0 entry, 1 q ready (the tile loop starts), 2 first tile done (ring kernels), 3 tile loop done,
+# 4 exit (%globaltimer, ns); 5 entry, 6 exit (%clock64, the SM's cycles); 7 %smid. Not compiled in without it.
+PROBE_SLOTS = tl.constexpr(8)
+
+
+@triton.jit
+def probe_stamp(ptr, WHAT: tl.constexpr = 0):
+    """Store a timestamp at ptr (int64): WHAT 0 %globaltimer (ns), 1 %clock64 (cycles), 2 %smid."""
+    if WHAT == 0:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    elif WHAT == 1:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        t = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False,
+                                      pack=1).to(tl.int64)
+    tl.store(ptr, t)
+
+
 @triton.jit
 def int8_to_f16(c):
     """int8 codes -> float16 (exact)."""
