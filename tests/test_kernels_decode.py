@@ -400,7 +400,7 @@ def test_pdl_mode_setting(monkeypatch):
 
 def test_pdl_mode_defaults(monkeypatch):
     """Which separate merges launch early by default (an sm_90 device assumed): "frag" and 16-bit "dot" always,
-    "fragt" only while its merge has at most FRAGT_PDL_MAX_MERGE programs (one or two sequences of Llama-3.1-8B's
+    "fragt" only while its merge has at most FRAGT_PDL_MAX_MERGE programs (up to 8 sequences of Llama-3.1-8B's
     32 query heads), the others never."""
     import kvpack.kernels.decode_plan as dp
 
@@ -436,7 +436,7 @@ def test_merge_warps():
 @pytest.mark.parametrize("name,variant,lens", [
     ("bfloat16", "dot", [8192, 3001, 1, 4096]), ("int8", "imma", [8192, 3001, 1, 4096]),
     ("int8", "frag", [8192, 3001, 1, 4096]), ("int4", "fragt", [8192, 3001, 1, 4096]),
-    ("int4", "fragt", [8192, 3001]), ("fp8_e4m3", "dot", [8192, 3001, 1, 4096]),
+    ("int4", "fragt", [8192, 3001, 1, 4096] * 3), ("fp8_e4m3", "dot", [8192, 3001, 1, 4096]),
     ("fp8_e4m3", "frag", [8192, 3001, 1, 4096])])
 def test_decode_pdl_merge_gpu(name, variant, lens, monkeypatch):
     """The separate split merge as a programmatic dependent launch (`decode_plan.pdl_mode`, sm_90+, the
@@ -452,7 +452,8 @@ def test_decode_pdl_merge_gpu(name, variant, lens, monkeypatch):
     assert plan.merge_grid is not None and plan.variant == variant
     pdl = pdl_mode(variant, lc.k.fmt.kind, lc.v.fmt.kind, q.device, len(lens) * 32)
     assert ("PDL" in plan.merge_options) == (pdl > 0)
-    assert pdl > 0 or variant in ("imma", "fragt") or name == "fp8_e4m3"
+    early = variant == "frag" or variant == "dot" and name == "bfloat16" or variant == "fragt" and len(lens) <= 8
+    assert (pdl > 0) == early
     with_pdl = decode_paged_attention(q, lc, meta, scale, **kw)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -50,8 +50,8 @@ data between lanes.
   + 15 of a token (one 16-byte load): channels 16 t + b (low nibbles) and 64 + 16 t + b (high), two
   groups a lane; logical channel 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 e + h
   (q permuted alike; session 29: K's registers convert bytes (0, 2) and (1, 3) as pairs, `_ASM_INT4_DEQ_K`,
-  13 instructions a register of codes against 15: before, 2 h + e). V: lane 4 nl + t reads bytes 8 nl .. 8 nl + 7 of its tokens; logical output
-  channel 8 m + nl is channel 64 (m // 8) + 8 nl + m % 8. PREFETCH is an L2 prefetch distance there
+  13 instructions a register of codes against 15: before, 2 h + e). V: lane 4 nl + t reads bytes 8 nl ..
+  8 nl + 7 of its tokens; logical output channel 8 m + nl is channel 64 (m // 8) + 8 nl + m % 8. PREFETCH is an L2 prefetch distance there
   (`prefetch.global.L2` of the tile PREFETCH ahead; default 1), not the ring. Measured on an H200
   (results/attention_s16): 0.96-1.00x the time of "dot" at batch >= 8 and 1.07x at 1 x 32768, so
   "auto" keeps "dot"; both sit at ~1.85 TB/s with ~250 registers (8 one-warp programs per SM).

@@ -157,7 +157,11 @@ def pdl_variant(variant: str, k_kind: str, v_kind: str) -> bool:
     return variant == "frag" or variant == "dot" and k_kind == v_kind == "float"
 
 
-FRAGT_PDL_MAX_MERGE = 64  # "fragt" launches its merge early while the merge has at most this many programs
+# "fragt" launches its separate merge early (PDL start) while the merge has at most this many programs: H200,
+# session 29 (results/timeline_s29/pdl_ab.json, per layer, int4, against a plain launch): 32 / 64 / 128 / 256
+# merge programs (1 x 32768, 2 x 16384, 4 x 8192, 8 x 8192) 0.971 / 0.968 / 0.965 / 0.991x; more: not measured
+# (session 21 measured 8 x 8192 slower with it, 73.1 -> 78.2 us, before the ring and `merge_warps`)
+FRAGT_PDL_MAX_MERGE = 256
 
 
 def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device, merge_programs: int | None = None) -> int:
@@ -165,8 +169,9 @@ def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device, merge
     decode kernel (sm_90+): 0 not; 1 the decode kernel executes `griddepcontrol.launch_dependents` as each
     program starts, 2 after its loop over the tiles. The merge's programs read the partials only after
     `griddepcontrol.wait` (the decode grid complete, its writes visible), so the merge's launch latency hides
-    behind the decode kernel instead of following it. Default: 1 for `pdl_variant`'s kernels, else 0; the
-    environment variable KVPACK_DECODE_PDL = 0 | start | end sets it for every kernel (experiments)."""
+    behind the decode kernel instead of following it. Default: 1 for `pdl_variant`'s kernels and for "fragt"
+    with at most FRAGT_PDL_MAX_MERGE `merge_programs`, else 0; the environment variable KVPACK_DECODE_PDL = 0 |
+    start | end sets it for every kernel (experiments)."""
     if device.type != "cuda":
         return 0
     env = os.environ.get("KVPACK_DECODE_PDL", "")
