@@ -101,7 +101,8 @@ data between lanes.
   converts by token pairs (RING4_VPAIRS, `_v4_dequant_pairs`): V^T's A operand pairs consecutive tokens, the
   direct path's conversion pairs consecutive channels and then swaps halves (~128 PRMT a tile); here each
   register comes out as (even token, odd token) of one channel: one prmt per byte pair, one lop3 per nibble
-  (the high nibble in place, its group scale / 16), the same sub and fma: 1,652 -> 1,497 instructions a tile.
+  (the high nibble in place, its group scale / 16), the same sub and fma: 1,652 -> 1,497 instructions a tile
+  (1,440 with K by `_ASM_INT4_DEQ_K`, session 29).
   Bit-equal to the direct path while every V group scale is >= 2^-10 (s / 16 a normal fp16; below, at most
   ~1 ulp of a value). Under a 128-register cap (KVPACK_INT4_RING_MAXNREG) the tile loop compiles without
   spills (1,501); the masked last tile spills.
