@@ -136,11 +136,9 @@ def kv_bytes(lc: LayerKVCache, shape: Shape) -> int:
     return per_token * shape.batch * shape.context
 
 
-def time_graph(fn, rep_ms: int) -> float:
-    """Median microseconds of one replay of fn captured in a CUDA graph (L2 flushed before each)."""
-    import triton
-
-    fn()  # compile / warm up outside the capture
+def capture_graph(fn) -> "torch.cuda.CUDAGraph":
+    """fn captured in a CUDA graph (run once before, outside the capture: compile, warm up)."""
+    fn()
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -151,6 +149,14 @@ def time_graph(fn, rep_ms: int) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    return g
+
+
+def time_graph(fn, rep_ms: int) -> float:
+    """Median microseconds of one replay of fn captured in a CUDA graph (L2 flushed before each)."""
+    import triton
+
+    g = capture_graph(fn)
     return 1000 * triton.testing.do_bench(g.replay, warmup=max(5, rep_ms // 5), rep=rep_ms, return_mode="median")
 
 

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_attention import SHAPES, environment, kv_bytes, make_case, time_graph  # noqa: E402
+from benchmarks.bench_attention import SHAPES, capture_graph, environment, kv_bytes, make_case, time_graph  # noqa: E402
 
 SLOTS = 8  # quant.PROBE_SLOTS
 ENTRY, QREADY, FIRST, LOOPEND, EXIT, CLK0, CLK1, SMID = range(SLOTS)
@@ -56,22 +56,6 @@ def launches(plans, stamps):
             if plan.post is not None:
                 rotate_heads(plan.out, q.dtype, *plan.post)
     return step
-
-
-def capture(step):
-    """A CUDA graph of step (warmed up outside the capture)."""
-    step()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return g
 
 
 def summarize(stamps_host, has_merge: list[bool]) -> list[dict]:
@@ -197,7 +181,7 @@ def main() -> int:
                 stamps.append((td, tm))
             plain_us = time_graph(launches(plans, [(None, None)] * len(plans)), args.rep_ms) / args.layers
             stamped_us = time_graph(launches(plans, stamps), args.rep_ms) / args.layers
-            g = capture(launches(plans, stamps))
+            g = capture_graph(launches(plans, stamps))
             per_layer = []
             for rep in range(args.replays):
                 flush.zero_()

@@ -52,7 +52,8 @@ from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benc
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
-    int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, probe_stamp, PROBE_SLOTS, Q_LO_STEPS, split_q_int8,
+    int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, probe_entry, probe_exit, probe_stamp, PROBE_SLOTS,
+    Q_LO_STEPS, split_q_int8,
 )
 
 try:  # Triton's Gluon dialect (triton >= 3.5): the "frag" experiment only
@@ -298,11 +299,7 @@ def _decode_kernel(
     times_ptr=None,
 ):
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
-        t_ptr = times_ptr + ((tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
-                             + tl.program_id(2)).to(tl.int64) * PROBE_SLOTS
-        probe_stamp(t_ptr, 0)
-        probe_stamp(t_ptr + 5, 1)
-        probe_stamp(t_ptr + 7, 2)
+        t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         gdc_launch_dependents()
     b = tl.program_id(0)
@@ -427,8 +424,7 @@ def _decode_kernel(
             _merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                         GROUP, MERGE_G, MERGE_CH, D, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
     if times_ptr is not None:
-        probe_stamp(t_ptr + 4, 0)
-        probe_stamp(t_ptr + 6, 1)
+        probe_exit(t_ptr)
 
 
 @triton.jit

@@ -135,8 +135,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kvpack.kernels.quant import (
-    K_FMT_FP8E4M3, K_FMT_INT4, K_FMT_INT8, PROBE_SLOTS, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2,
-    probe_stamp, split_q_int8,
+    K_FMT_FP8E4M3, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2,
+    probe_entry, probe_exit, probe_stamp, split_q_int8,
 )
 
 MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -918,11 +918,7 @@ def _frag_decode_kernel(
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean only in
     the fused merge, else by `rotate_heads` or `_merge_kernel`); D == 128, BLOCK_N == 64."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
-        t_ptr = times_ptr + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2)
-                             + gl.program_id(2)).to(gl.int64) * PROBE_SLOTS
-        probe_stamp(t_ptr, 0)
-        probe_stamp(t_ptr + 5, 1)
-        probe_stamp(t_ptr + 7, 2)
+        t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         _pdl_trigger()
     b = gl.program_id(0)
@@ -1055,8 +1051,7 @@ def _frag_decode_kernel(
             _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                              GROUP, MERGE_G, MERGE_CH, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
     if times_ptr is not None:
-        probe_stamp(t_ptr + 4, 0)
-        probe_stamp(t_ptr + 6, 1)
+        probe_exit(t_ptr)
 
 
 # "fragt" (int4 K and V, GQA groups <= 8): both products transposed, so that the 8 (padded) query heads
@@ -1306,11 +1301,7 @@ def _fragt_decode_kernel(
     keeps a quarter of the padded softmax work; the output accumulator is [128, 8] (32 registers a lane,
     against [16, 128]'s 64)."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
-        t_ptr = times_ptr + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2)
-                             + gl.program_id(2)).to(gl.int64) * PROBE_SLOTS
-        probe_stamp(t_ptr, 0)
-        probe_stamp(t_ptr + 5, 1)
-        probe_stamp(t_ptr + 7, 2)
+        t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
         _pdl_trigger()
     b = gl.program_id(0)
@@ -1435,5 +1426,4 @@ def _fragt_decode_kernel(
             _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q, b, h, vmean_ptr,
                              GROUP, MERGE_G, MERGE_CH, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
     if times_ptr is not None:
-        probe_stamp(t_ptr + 4, 0)
-        probe_stamp(t_ptr + 6, 1)
+        probe_exit(t_ptr)

@@ -475,6 +475,25 @@ def probe_stamp(ptr, WHAT: tl.constexpr = 0):
 
 
 @triton.jit
+def probe_entry(times_ptr):
+    """The program's row of the timeline probe (PROBE_SLOTS int64 a program, grid order), with its entry
+    stamps (0, 5) and SM (7) stored."""
+    t_ptr = times_ptr + ((tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
+                         + tl.program_id(2)).to(tl.int64) * PROBE_SLOTS
+    probe_stamp(t_ptr, 0)
+    probe_stamp(t_ptr + 5, 1)
+    probe_stamp(t_ptr + 7, 2)
+    return t_ptr
+
+
+@triton.jit
+def probe_exit(t_ptr):
+    """The exit stamps (4: %globaltimer, 6: %clock64) of a program's probe row."""
+    probe_stamp(t_ptr + 4, 0)
+    probe_stamp(t_ptr + 6, 1)
+
+
+@triton.jit
 def int8_to_f16(c):
     """int8 codes -> float16 (exact)."""
     if _INTERPRET_C:
