@@ -529,3 +529,18 @@ def test_decode_timeline_summary(tmp_path):
     raw = {"s/f": [(torch.tensor(call1), None), (torch.tensor(call2), torch.tensor(merge2))]}
     plot_timeline(raw, ["s/f"], str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_read_floor_kernel_and_bytes():
+    """`probe_read_floor.py`: its streaming kernel adds up every word (CPU interpreter, programs striding over
+    uneven chunks), and the bytes it reads per format are bench_attention's `kv_bytes`."""
+    from benchmarks.bench_attention import SHAPES, kv_bytes, make_cache
+    from benchmarks.probe_read_floor import _read_kernel, kv_bytes_of
+
+    x = torch.randint(-1000, 1000, (1000,), dtype=torch.int32)
+    out = torch.zeros(3, dtype=torch.int32)
+    _read_kernel[(3,)](x, x.numel(), out, BLOCK=16, UNROLL=2)
+    assert int(out.sum()) == int(x.sum())
+    shape = SHAPES[0]
+    for fmt in ("bf16", "int8", "int4", "fp8_e4m3"):
+        assert kv_bytes_of(fmt, shape) == kv_bytes(make_cache(fmt, shape, 1, "cpu"), shape)
