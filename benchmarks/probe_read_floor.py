@@ -80,7 +80,7 @@ def main() -> int:
                             _read_kernel[g](x, x.numel(), out, BLOCK=b, UNROLL=u, num_warps=w)
                     best[f"triton/{per_sm}x{warps}w"] = time_graph(step, args.rep_ms) / args.layers
             sums = [torch.empty((), dtype=torch.int64, device=dev) for _ in bufs]
-            best["torch.sum"] = time_graph(lambda: [torch.sum(x, out=s) for x, s in zip(bufs, sums)],
+            best["torch.sum"] = time_graph(lambda: [torch.sum(x, dim=0, out=s) for x, s in zip(bufs, sums)],
                                            args.rep_ms) / args.layers
             name, us = min(best.items(), key=lambda kv: kv[1])
             row = {"shape": sname, "format": fmt, "bytes": nbytes, "us_layer": us, "best": name,
