@@ -73,12 +73,15 @@ def build_layer(name: str, k, v, num_blocks: int, block_size: int, slots, dtype)
     from kvpack.formats import resolve_format
     from kvpack.kernels import write_kv
 
-    static = name.endswith("-static")
-    base = name.removesuffix("-static")
+    base, _, variant = name.partition("-")  # "-static": static scales; "int4-g128": int4 with groups of 128
+    static = variant == "static"
+    group = int(variant[1:]) if base == "int4" and variant[1:].isdigit() and variant[0] == "g" else 32
+    if variant and not static and variant != f"g{group}":
+        raise ValueError(f"unknown format {name!r}: expected a KV cache dtype, '<int8|fp8_*>-static' or 'int4-g<group>'")
     hkv, d = k.shape[1], k.shape[2]
     pools = []
     for x in (k, v):
-        fmt = resolve_format(base, head_dim=d, static=static, model_dtype=dtype)
+        fmt = resolve_format(base, head_dim=d, static=static, model_dtype=dtype, int4_group_size=group)
         ss = None
         if static:  # per-head absmax over the data, as a calibrated scales file would give
             ss = x.float().abs().amax(dim=(0, 2)) / fmt.qmax

@@ -544,3 +544,24 @@ def test_read_floor_kernel_and_bytes():
     shape = SHAPES[0]
     for fmt in ("bf16", "int8", "int4", "fp8_e4m3"):
         assert kv_bytes_of(fmt, shape) == kv_bytes(make_cache(fmt, shape, 1, "cpu"), shape)
+
+
+def test_benchmark_format_names():
+    """bench_attention's and bench_prefill's format names: int4 groups ("int4-g128": one scale and zero a token and
+    head at head dim 128, 68 bytes against group 32's 80), static scales, and a clear error for anything else."""
+    from benchmarks.bench_attention import SHAPES, make_cache
+    from benchmarks.bench_prefill import build_layer
+
+    shape = SHAPES[0]
+    for name, group, nbytes in (("int4", 32, 80), ("int4-g64", 64, 72), ("int4-g128", 128, 68), ("int8-static", 128, 128)):
+        lc = make_cache(name, shape, 2, "cpu")
+        assert (lc.k.fmt.group_size, lc.v.fmt.bytes_per_token_head) == (group, nbytes), name
+    assert make_cache("int8-static", shape, 2, "cpu").k.fmt.scale_mode == "static"
+    k = torch.randn(16, 2, 64)
+    slots = torch.arange(16)
+    assert build_layer("int4-g64", k, k, 2, 16, slots, torch.float32).v.fmt.group_size == 64
+    for bad in ("int4-x", "int8-g64", "bf16-static2"):
+        with pytest.raises(ValueError, match="unknown"):
+            make_cache(bad, shape, 2, "cpu")
+        with pytest.raises(ValueError, match="unknown"):
+            build_layer(bad, k, k, 2, 16, slots, torch.float32)

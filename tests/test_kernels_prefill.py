@@ -132,8 +132,8 @@ def test_q_beyond_fp16_range():
 
 @pytest.mark.parametrize("head_dim,group", [(128, 128), (64, 64)])
 def test_int4_one_group_per_head(head_dim, group):
-    """--int4-group-size 128 (one scale/zero per token and head at head_dim 128): groups span both
-    nibble halves, the gather path."""
+    """--int4-group-size 128 (one scale/zero per token and head at head_dim 128): one group covers both
+    nibble halves, its parameters broadcast to each (`_tile_scales`)."""
     out, ref = run_case("int4", "int4", dtype=torch.float16, head_dim=head_dim, int4_group_size=group, **MIXED)
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
 

@@ -120,18 +120,24 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
     else:
         lo = int4_lo(b).to(tl.float16)
         hi = int4_hi(b).to(tl.float16)
-    if ALIGNED:  # D a power of two and groups never straddle the halves: broadcast group params
-        NGH: tl.constexpr = HALF // G
+    if ALIGNED:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
+        NGH: tl.constexpr = (HALF + G - 1) // G  # groups per half (1 when one group covers the head)
+        GH: tl.constexpr = HALF // NGH  # a group's channels within a half
+        HI: tl.constexpr = HALF // G  # the high half's first group (0: the head's one group)
         gi = tl.arange(0, NGH)
         sp = scales_ptr + s_row[:, None] + gi[None, :]
         zp = zeros_ptr + s_row[:, None] + gi[None, :]
         m2 = nmask[:, None]
         s_lo = tl.load(sp, mask=m2, other=0.0)
-        s_hi = tl.load(sp + NGH, mask=m2, other=0.0)
         z_lo = tl.load(zp, mask=m2, other=0.0)
-        z_hi = tl.load(zp + NGH, mask=m2, other=0.0)
-        lo = tl.reshape(lo, (BLOCK_N, NGH, G)) * s_lo[:, :, None] + z_lo[:, :, None]
-        hi = tl.reshape(hi, (BLOCK_N, NGH, G)) * s_hi[:, :, None] + z_hi[:, :, None]
+        if HI == 0:
+            s_hi = s_lo
+            z_hi = z_lo
+        else:
+            s_hi = tl.load(sp + HI, mask=m2, other=0.0)
+            z_hi = tl.load(zp + HI, mask=m2, other=0.0)
+        lo = tl.reshape(lo, (BLOCK_N, NGH, GH)) * s_lo[:, :, None] + z_lo[:, :, None]
+        hi = tl.reshape(hi, (BLOCK_N, NGH, GH)) * s_hi[:, :, None] + z_hi[:, :, None]
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
         hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
     else:  # gather each channel's group parameters

@@ -85,8 +85,9 @@ def _tile_scales(scales_ptr, zeros_ptr, scale_off, n_mask, FMT: tl.constexpr,
     """Scale data of one K or V tile, fp16 as stored (past kv_end: scale 1, zero 0).
 
     scale_off: [BLOCK_N] int64 offsets of each token's scale groups. Returns (s0, s1, z0, z1):
-    int4 -> scales and zeros of the low / high half ([N, groups per half], or [N, D_PAD/2] one
-    per channel when groups straddle the halves); per-token int8/fp8 -> (s [N], 0, 0, 0);
+    int4 -> scales and zeros of the low / high half ([N, groups per half], 1 where one group covers
+    the head; or [N, D_PAD/2] one per channel when groups straddle the halves: head dims 80, 96);
+    per-token int8/fp8 -> (s [N], 0, 0, 0);
     otherwise zeros.
     """
     s0 = 0.0
@@ -96,21 +97,27 @@ def _tile_scales(scales_ptr, zeros_ptr, scale_off, n_mask, FMT: tl.constexpr,
     if FMT == K_FMT_INT4:
         HALF: tl.constexpr = HEAD_DIM // 2
         HP: tl.constexpr = D_PAD // 2
-        if (HALF == HP) and (HALF % GS == 0):  # whole groups per half
-            NGH: tl.constexpr = HALF // GS
+        if (HALF == HP) and ((HALF % GS == 0) or (GS == HEAD_DIM)):  # whole groups per half, or one a head
+            NGH: tl.constexpr = (HALF + GS - 1) // GS
+            HI: tl.constexpr = HALF // GS  # the high half's first group (0: the head's one group)
             sp = scale_off[:, None] + tl.arange(0, NGH)[None, :]
             m = n_mask[:, None]
         else:  # head dims 80, 96: each channel's group
             j = tl.arange(0, HP)
             NGH: tl.constexpr = 0
+            HI: tl.constexpr = 0
             sp = scale_off[:, None] + (j // GS)[None, :]
             sp1 = scale_off[:, None] + ((j + HALF) // GS)[None, :]
             m = (j < HALF)[None, :] & n_mask[:, None]
         s0 = tl.load(scales_ptr + sp, mask=m, other=1.0)
         z0 = tl.load(zeros_ptr + sp, mask=m, other=0.0)
         if NGH > 0:
-            s1 = tl.load(scales_ptr + sp + NGH, mask=m, other=1.0)
-            z1 = tl.load(zeros_ptr + sp + NGH, mask=m, other=0.0)
+            if HI == 0:
+                s1 = s0
+                z1 = z0
+            else:
+                s1 = tl.load(scales_ptr + sp + HI, mask=m, other=1.0)
+                z1 = tl.load(zeros_ptr + sp + HI, mask=m, other=0.0)
         else:
             s1 = tl.load(scales_ptr + sp1, mask=m, other=1.0)
             z1 = tl.load(zeros_ptr + sp1, mask=m, other=0.0)
