@@ -922,6 +922,27 @@ def test_decode_fused_merge_gpu(k_name, v_name, variant, prefetch, splits):
         assert torch.equal(out, eager)
 
 
+@pytest.mark.parametrize("k_name,v_name,group_size,capped", [
+    ("int4", "int4", 64, True), ("int4", "int4", 32, True), ("int4", "fp8_e4m3", 32, True), ("int8", "int8", 32, True),
+    ("bfloat16", "bfloat16", 32, False)])
+def test_small_head_register_cap(k_name, v_name, group_size, capped):
+    """One-warp "dot" / "imma" programs of a quantized cache at head dim 64 are capped at the registers that let an
+    SM hold the SMALL_HEAD_PER_SM programs `choose_num_splits` fills it with (SmolLM2's int4 with one group a head had
+    compiled to 140 registers: 14 an SM, 1.4x the time, session 30); 16-bit caches and an explicit cap keep theirs."""
+    from kvpack.kernels.decode_attention import SMALL_HEAD_MAXNREG, plan_decode
+    from kvpack.kernels.decode_plan import SMALL_HEAD_PER_SM
+
+    assert SMALL_HEAD_MAXNREG * 32 * SMALL_HEAD_PER_SM == 65536
+    q, lc, meta = build_case(k_name, v_name, [70, 33], 9, 3, 64, 16, group_size=group_size)
+    plan = plan_decode(q, lc, meta, 0.125)
+    assert plan.options["num_warps"] == 1
+    assert plan.options.get("maxnreg") == (SMALL_HEAD_MAXNREG if capped else None), plan.options
+    assert plan_decode(q, lc, meta, 0.125, maxnreg=200).options["maxnreg"] == 200
+    if capped:  # head dim 128 keeps the compiler's choice
+        q, lc, meta = build_case(k_name, v_name, [70, 33], 8, 2, 128, 16, group_size=group_size)
+        assert "maxnreg" not in plan_decode(q, lc, meta, 0.125, variant="dot").options
+
+
 @pytest.mark.parametrize("D,group_size", [(128, 128), (64, 64)])
 def test_decode_int4_one_group_per_head(D, group_size):
     """--int4-group-size 128: one group covers both nibble halves, split or not; its parameters are

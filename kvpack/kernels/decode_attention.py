@@ -48,7 +48,7 @@ from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
     choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, int4_ring_default, merge_chunk,
-    merge_counters, merge_warps, pdl_mode,
+    merge_counters, merge_warps, pdl_mode, SMALL_HEAD_MAXNREG,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -120,6 +120,8 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
     else:
         lo = int4_lo(b).to(tl.float16)
         hi = int4_hi(b).to(tl.float16)
+    # groups straddling the halves, each half spanning at most 2 of them: select the loaded parameters
+    SELECT: tl.constexpr = (HALF - 1) // G < 2 and (D - 1) // G - HALF // G < 2
     if ALIGNED:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
         NGH: tl.constexpr = (HALF + G - 1) // G  # groups per half (1 when one group covers the head)
         GH: tl.constexpr = HALF // NGH  # a group's channels within a half
@@ -140,6 +142,28 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
         hi = tl.reshape(hi, (BLOCK_N, NGH, GH)) * s_hi[:, :, None] + z_hi[:, :, None]
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
         hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
+    elif SELECT:  # head dim 96 (groups of 32): groups straddle the halves, each half spans 2. Each group's
+        # parameters load once a token and are selected into the channels of the half that holds them. Gathering
+        # them per channel (4 loads an element) took 2.8x bf16's time at 32 x 32 heads x 4096 (session 30: 0.88x
+        # now); at head dim 80 (groups of 16, 3 a half) the selects measured slower than the gather (584 against 425
+        # us: register spills), which it keeps
+        s_lo = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
+        z_lo = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
+        s_hi = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
+        z_hi = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
+        for g in tl.static_range(D // G):
+            s_g = tl.load(scales_ptr + s_row + g, mask=nmask, other=0.0)[:, None]
+            z_g = tl.load(zeros_ptr + s_row + g, mask=nmask, other=0.0)[:, None]
+            if g * G < HALF:  # channels g G .. of the low half (its padding past HALF keeps 0)
+                in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
+                s_lo = tl.where(in_lo, s_g, s_lo)
+                z_lo = tl.where(in_lo, z_g, z_lo)
+            if (g + 1) * G > HALF:  # ... of the high half (channel j + HALF)
+                in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G))[None, :]
+                s_hi = tl.where(in_hi, s_g, s_hi)
+                z_hi = tl.where(in_hi, z_g, z_hi)
+        lo = lo * s_lo + z_lo
+        hi = hi * s_hi + z_hi
     else:  # gather each channel's group parameters
         jm = nmask[:, None] & (j < HALF)[None, :]
         g_lo = (j // G)[None, :]
@@ -726,6 +750,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         options["RING4_VPAIRS"] = INT4_RING_VPAIRS
         if INT4_RING_MAXNREG and not maxnreg:
             options["maxnreg"] = INT4_RING_MAXNREG
+    elif (variant in ("dot", "imma") and num_warps == 1 and D <= 64 and not maxnreg
+          and not kp.fmt.kind == vp.fmt.kind == "float"):
+        options["maxnreg"] = SMALL_HEAD_MAXNREG  # the programs an SM holds, as `choose_num_splits` counts them
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]

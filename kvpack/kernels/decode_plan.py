@@ -49,6 +49,14 @@ def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
     return tensors, consts
 
 
+# one-warp "dot" / "imma" programs of a quantized cache at head dims <= 64 (SmolLM2's): the programs an SM holds at
+# once, which `choose_num_splits` fills, and the register cap that lets it hold them (65536 / (16 x 32)): SmolLM2's
+# 32 x 4096 int4 with one group a head compiled to 140 registers, 14 programs an SM, and its 22 splits ran in 1.14
+# waves, 31.0 us a layer against groups of 32's 22.4 at 128 registers (session 30)
+SMALL_HEAD_PER_SM = 16
+SMALL_HEAD_MAXNREG = 65536 // (SMALL_HEAD_PER_SM * 32)
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
                       device: torch.device, num_warps: int = 4, head_dim: int = 128, codes: bool = True) -> int:
     """Splits per sequence when num_seqs * Hkv programs do not fill the GPU. The programs that fit
@@ -60,7 +68,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
     per_sm = max(2, 8 // max(1, num_warps))
     if num_warps == 1 and head_dim <= 64 and codes:
-        per_sm = 16
+        per_sm = SMALL_HEAD_PER_SM
     slots = per_sm * _sm_count(device)
     if work >= slots:
         return 1
