@@ -530,6 +530,64 @@ def test_write_row_layout_keeps_rows_in_registers():
         assert per_elem(rows) <= 0.85 * per_elem(plain), (name, per_elem(rows), per_elem(plain))
 
 
+def int4_decode_sass(arch: int = 90) -> dict:
+    """The "dot" decode kernel (every head dim but 128 runs it on int4) planned as on an H200 at 8 sequences x 4096
+    tokens, 8 splits, compiled for sm_`arch`: {"Hq/Hkv/D/gG": {"regs": registers a thread (cuobjdump), the full
+    opcodes LDG.E.U16 (the two-byte group parameter loads), LDL / STL (spills)}}."""
+    import collections
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kvpack.attention import AttentionMetadata, LayerKVCache
+    from kvpack.kernels.decode_attention import plan_decode
+    from tests.test_kernels_write import make_pool
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    out = {}
+    for hq, hkv, d, g in ((9, 3, 64, 32), (9, 3, 64, 64), (32, 32, 96, 32), (32, 8, 128, 128)):
+        nb = 4096 // 16
+        meta = AttentionMetadata.build([1] * 8, [4096] * 8, [list(range(i * nb, (i + 1) * nb)) for i in range(8)], 16)
+        lc = LayerKVCache(make_pool("int4", d, 8 * nb, hkv, 16, "cpu", g), make_pool("int4", d, 8 * nb, hkv, 16, "cpu", g))
+        plan = plan_decode(torch.randn(8, hq, d, dtype=torch.bfloat16), lc, meta, d ** -0.5, num_splits=8, variant="dot")
+        own, opts = split_options(plan.kernel, plan.options)
+        sig, consts, attrs = signature(plan.kernel, plan.args, own)
+        ck = triton.compile(triton.compiler.ASTSource(plan.kernel, sig, consts, attrs),
+                            target=GPUTarget("cuda", arch, 32), options=opts)
+        ops = collections.Counter(m.group(1) for m in re.finditer(
+            r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", disassemble(ck.asm["cubin"]), re.M))
+        regs = None
+        if os.path.exists(cuobjdump):
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(ck.asm["cubin"])
+                f.flush()
+                usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+            m = re.search(r"REG:(\d+)", usage)
+            regs = int(m.group(1)) if m else None
+        out[f"{hq}/{hkv}/{d}/g{g}"] = {
+            "regs": regs, "block_n": plan.args[plan.kernel.arg_names.index("BLOCK_N")],
+            "params": ops.get("LDG.E.U16", 0),
+            "spills": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL")))}
+    return out
+
+
+def test_int4_decode_loads_group_parameters_once_a_token():
+    """int4 decode on the "dot" kernel (head dims 64 and 96 here): each group's scale and zero load once a token,
+    not once a channel, and one-warp programs at head dim 64 fit the 128 registers that `choose_num_splits`
+    assumes (16 an SM). Session 30 found each broken on the H200: one group a head (SmolLM2's head dim 64 with
+    --int4-group-size 64) gathered per channel (1.8x bf16's time), head dim 96 gathered per channel and
+    spilled (2.8x), and the one-group kernel compiled to 140 registers (1.4x). A static check (sm_90 SASS)."""
+    got = sass_in_subprocess("int4-decode-sass")
+    for name, c in got.items():
+        # a 32-token tile of one warp: one two-byte load a token, group parameter and side per lane (x2: the
+        # loop's peeled first tile); the per-channel gathers had issued 400-800
+        assert c["block_n"] == 32 and c["params"] <= 64, (name, c)
+        assert c["spills"] <= 16, (name, c)  # (one group a head at 128 registers: 10; the gathers: ~1,000)
+        if name.endswith(("/64/g32", "/64/g64")) and c["regs"] is not None:
+            assert c["regs"] <= 128, (name, c)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1:]
     if mode == ["hopper-fp8-write"]:
@@ -540,6 +598,8 @@ if __name__ == "__main__":
         print(json.dumps(workspace_sass()))
     elif mode == ["write-sass"]:
         print(json.dumps(write_sass()))
+    elif mode == ["int4-decode-sass"]:
+        print(json.dumps(int4_decode_sass()))
     elif len(mode) == 2 and mode[0] == "shard":  # "shard k/n": the variants whose index is k modulo n
         k, n = map(int, mode[1].split("/"))
         print(json.dumps(compile_all(shard=k, shards=n)))
