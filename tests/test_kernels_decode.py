@@ -1162,3 +1162,24 @@ def test_int4_tile_plan():
     assert tile("int4", 128, [700, 9], 3, block_n=32) == (32, True)
     assert tile("int4", 64, [700, 9], 3) == (32, True)
     assert tile("int8", 128, [700, 9], 1) == (64, False)
+
+
+def test_int4_group_path_and_slow_decode_warning():
+    """`decode_plan.int4_group_path` (what `_side_args` plans and the kernel's SELECT computes) per head dim and group,
+    and the start-up warning an engine on CUDA prints for the per-channel path."""
+    from kvpack.engine.llm_engine import slow_decode_warnings
+    from kvpack.formats import resolve_format
+    from kvpack.kernels.decode_plan import int4_group_path
+
+    want = {(64, 32): "broadcast", (64, 64): "broadcast", (128, 128): "broadcast", (256, 32): "broadcast",
+            (96, 32): "select", (96, 16): "gather", (80, 16): "gather", (80, 32): "gather"}
+    for (d, g), path in want.items():
+        fmt = resolve_format("int4", head_dim=d, int4_group_size=g)
+        assert int4_group_path(fmt) == path, (d, g, fmt.group_size)
+    assert int4_group_path(resolve_format("int8", head_dim=80)) is None
+    i4 = resolve_format("int4", head_dim=80)
+    i8 = resolve_format("int8", head_dim=80)
+    assert slow_decode_warnings(i8, i8) == []
+    got = slow_decode_warnings(i8, i4)
+    assert len(got) == 1 and got[0].startswith("V cache: int4 at head dim 80 (groups of 16)"), got
+    assert slow_decode_warnings(resolve_format("int4", head_dim=96), resolve_format("int4", head_dim=128)) == []

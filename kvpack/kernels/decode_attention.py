@@ -121,6 +121,7 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
         lo = int4_lo(b).to(tl.float16)
         hi = int4_hi(b).to(tl.float16)
     # groups straddling the halves, each half spanning at most 2 of them: select the loaded parameters
+    # (`decode_plan.int4_group_path`'s "select", the same rule)
     SELECT: tl.constexpr = (HALF - 1) // G < 2 and (D - 1) // G - HALF // G < 2
     if ALIGNED:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
         NGH: tl.constexpr = (HALF + G - 1) // G  # groups per half (1 when one group covers the head)

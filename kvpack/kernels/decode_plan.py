@@ -28,6 +28,27 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def int4_group_path(fmt) -> str | None:
+    """How the "dot" decode kernel (`decode_attention._load_int4`: every int4 head dim but "fragt"'s 128) applies an
+    int4 side's group scales and zeros to the two nibble halves of its code bytes (channels j and j + D / 2):
+    "broadcast": D a power of two, each half whole groups or one group the whole head (groups of D: SmolLM2's 64
+        with --int4-group-size 64 / 128 had gathered them per channel, 2.2x groups of 32's time, session 30);
+    "select": groups straddle the halves and each half spans at most 2 (head dim 96, groups of 32): each group's
+        parameters load once a token and are selected per half (the kernel's SELECT, the same rule);
+    "gather": per-channel loads of every element's parameters (head dim 80, groups of 16: ~4.8x bf16's decode
+        time on an H200; the selects spilled there and ran slower, session 30);
+    None for other kinds."""
+    if fmt.kind != "int4":
+        return None
+    d, g = fmt.head_dim, fmt.group_size
+    half = d // 2
+    if half & (half - 1) == 0 and (half % g == 0 or g == d):
+        return "broadcast"
+    if (half - 1) // g < 2 and (d - 1) // g - half // g < 2:
+        return "select"
+    return "gather"
+
+
 def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
     """(tensor/stride args, constexpr args) for one pool. hw_fp8: the kernel decodes e4m3 with the conversion
     instruction (the value itself, factor 1: `hw_fp8_decode`), else in software (value / 256)."""
@@ -36,12 +57,7 @@ def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
     scales = pool.scales if pool.scales is not None else codes
     zeros = pool.zeros if pool.zeros is not None else scales
     static = pool.static_scale if pool.static_scale is not None else codes
-    half = fmt.head_dim // 2
-    # int4 group parameters broadcast over whole groups (`_load_int4`): each half holds whole groups, or one group
-    # covers the head (groups of head_dim: SmolLM2's 64 with --int4-group-size 64 / 128 had gathered them per
-    # channel, 2.2x the time of groups of 32, session 30); else (head dims 80, 96) gathered per channel
-    aligned = (fmt.kind == "int4" and half & (half - 1) == 0
-               and (half % fmt.group_size == 0 or fmt.group_size == fmt.head_dim))
+    aligned = int4_group_path(fmt) == "broadcast"
     factor = 256.0 if fmt.kind == "fp8_e4m3" and not hw_fp8 else 1.0
     dot_dt = _TL_DTYPES[codes.dtype] if fmt.kind == "float" else tl.float16
     tensors = [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
