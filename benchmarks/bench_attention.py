@@ -65,18 +65,25 @@ VLLM_US = {
 }
 
 
-def make_cache(fmt_name: str, shape: Shape, num_blocks: int, device) -> LayerKVCache:
-    """A layer's pools for a benchmark format name: a `--kv-cache-dtype` value, "int8-static" / "fp8_e4m3-static"
-    (static scales) or "int4-g64" / "int4-g128" (int4 with groups of that many channels; "int4" is group 32)."""
+def format_spec(fmt_name: str) -> tuple[str, bool, int]:
+    """(KV cache dtype, static scales, int4 group size) of a benchmark format name: a `--kv-cache-dtype` value
+    ("bf16" for bfloat16), "int8-static" / "fp8_e4m3-static" (static scales) or "int4-g64" / "int4-g128" (int4 with
+    groups of that many channels; "int4" is group 32). Also bench_prefill's and probe_read_floor's."""
     base, _, variant = fmt_name.partition("-")
     base = {"bf16": "bfloat16"}.get(base, base)
     group = int(variant[1:]) if re.fullmatch(r"g\d+", variant) else 32
     if variant not in ("", "static") and not (base == "int4" and variant == f"g{group}"):
         raise ValueError(f"unknown benchmark format {fmt_name!r}: expected a KV cache dtype, "
                          f"'<int8|fp8_*>-static' or 'int4-g<group size>'")
+    return base, variant == "static", group
+
+
+def make_cache(fmt_name: str, shape: Shape, num_blocks: int, device) -> LayerKVCache:
+    """A layer's pools for a benchmark format name (`format_spec`)."""
+    base, static_scales, group = format_spec(fmt_name)
 
     def pool():
-        fmt = resolve_format(base, head_dim=shape.head_dim, static=variant == "static", int4_group_size=group)
+        fmt = resolve_format(base, head_dim=shape.head_dim, static=static_scales, int4_group_size=group)
         static = None
         if fmt.scale_mode == "static":  # randn K/V: |x| <= ~5 maps onto the code range
             static = torch.full((shape.hkv,), 5.0 / fmt.qmax, device=device)

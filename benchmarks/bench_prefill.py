@@ -73,11 +73,9 @@ def build_layer(name: str, k, v, num_blocks: int, block_size: int, slots, dtype)
     from kvpack.formats import resolve_format
     from kvpack.kernels import write_kv
 
-    base, _, variant = name.partition("-")  # "-static": static scales; "int4-g128": int4 with groups of 128
-    static = variant == "static"
-    group = int(variant[1:]) if base == "int4" and variant[1:].isdigit() and variant[0] == "g" else 32
-    if variant and not static and variant != f"g{group}":
-        raise ValueError(f"unknown format {name!r}: expected a KV cache dtype, '<int8|fp8_*>-static' or 'int4-g<group>'")
+    from benchmarks.bench_attention import format_spec
+
+    base, static, group = format_spec(name)  # "-static": static scales; "int4-g128": int4 with groups of 128
     hkv, d = k.shape[1], k.shape[2]
     pools = []
     for x in (k, v):

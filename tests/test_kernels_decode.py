@@ -946,16 +946,16 @@ def test_small_head_register_cap(k_name, v_name, group_size, capped):
 @pytest.mark.parametrize("D,group_size", [(128, 128), (64, 64)])
 def test_decode_int4_one_group_per_head(D, group_size):
     """--int4-group-size 128: one group covers both nibble halves, split or not; its parameters are
-    broadcast to each half ("aligned"), not gathered per channel (SmolLM2's head dim 64: 2.2x the time of
+    broadcast to each half (`int4_group_path` "broadcast"), not gathered per channel (SmolLM2's head dim 64: 2.2x the time of
     groups of 32 while they were, session 30)."""
-    from kvpack.kernels.decode_plan import _side_args
+    from kvpack.kernels.decode_plan import INT4_GROUP_PATHS, _side_args
 
     for k_name, v_name, splits in (("int4", "int4", 1), ("int8", "int4", 3)):
         q, lc, meta = build_case(k_name, v_name, [37, 1, 70], 9, 3, D, 16, group_size=group_size)
-        assert _side_args(lc.v)[1][3], "one group a head: broadcast, not gathered"
+        assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("broadcast"), "one group a head: broadcast"
         check(k_name, v_name, [37, 1, 70], D=D, group_size=group_size, num_splits=splits)
     q, lc, meta = build_case("int4", "int4", [5], 9, 3, 96, 16, group_size=32)
-    assert not _side_args(lc.v)[1][3], "head dim 96: groups of 32 straddle the halves (48 channels each)"
+    assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("select"), "head dim 96: groups of 32 straddle the halves"
 
 
 @pytest.mark.parametrize("group,Hkv", [(1, 2), (3, 1), (8, 1)])

@@ -109,9 +109,11 @@ def _load_raw(codes_ptr, c_row, nmask, FMT: tl.constexpr, D: tl.constexpr, D_PAD
 
 @triton.jit
 def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.constexpr,
-               HALF_PAD: tl.constexpr, G: tl.constexpr, ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr,
+               HALF_PAD: tl.constexpr, G: tl.constexpr, GPATH: tl.constexpr, BLOCK_N: tl.constexpr,
                FAST: tl.constexpr):
-    """int4 tile as two fp16 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2, code * s + m."""
+    """int4 tile as two fp16 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2, code * s + m. GPATH: how the group
+    parameters reach the halves, `decode_plan.int4_group_path` as its index in INT4_GROUP_PATHS (0 gather, 1
+    broadcast, 2 select)."""
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF_PAD)
     b = tl.load(codes_ptr + c_row[:, None] + j[None, :], mask=nmask[:, None] & (j < HALF)[None, :], other=0)
@@ -120,10 +122,7 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
     else:
         lo = int4_lo(b).to(tl.float16)
         hi = int4_hi(b).to(tl.float16)
-    # groups straddling the halves, each half spanning at most 2 of them: select the loaded parameters
-    # (`decode_plan.int4_group_path`'s "select", the same rule)
-    SELECT: tl.constexpr = (HALF - 1) // G < 2 and (D - 1) // G - HALF // G < 2
-    if ALIGNED:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
+    if GPATH == 1:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
         NGH: tl.constexpr = (HALF + G - 1) // G  # groups per half (1 when one group covers the head)
         GH: tl.constexpr = HALF // NGH  # a group's channels within a half
         HI: tl.constexpr = HALF // G  # the high half's first group (0: the head's one group)
@@ -143,7 +142,7 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
         hi = tl.reshape(hi, (BLOCK_N, NGH, GH)) * s_hi[:, :, None] + z_hi[:, :, None]
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
         hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
-    elif SELECT:  # head dim 96 (groups of 32): groups straddle the halves, each half spans 2. Each group's
+    elif GPATH == 2:  # head dim 96 (groups of 32): groups straddle the halves, each half spans 2. Each group's
         # parameters load once a token and are selected into the channels of the half that holds them. Gathering
         # them per channel (4 loads an element) took 2.8x bf16's time at 32 x 32 heads x 4096 (session 30: 0.88x
         # now); at head dim 80 (groups of 16, 3 a half) the selects measured slower than the gather (584 against 425
@@ -165,7 +164,7 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
                 z_hi = tl.where(in_hi, z_g, z_hi)
         lo = lo * s_lo + z_lo
         hi = hi * s_hi + z_hi
-    else:  # gather each channel's group parameters
+    else:  # gather each channel's group parameters (head dim 80)
         jm = nmask[:, None] & (j < HALF)[None, :]
         g_lo = (j // G)[None, :]
         g_hi = ((j + HALF) // G)[None, :]
@@ -216,8 +215,8 @@ def _attend_tile(
     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
     D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr,
-    K_ALIGNED: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
-    V_G: tl.constexpr, V_ALIGNED: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
+    K_GPATH: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
+    V_G: tl.constexpr, V_GPATH: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
     FAST: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
     PREFETCH: tl.constexpr, QK8: tl.constexpr, q_s,
 ):
@@ -248,7 +247,7 @@ def _attend_tile(
     ks_row = blk * k_ss0 + h * k_ss1 + off * k_ss2
     if K_FMT == K_FMT_INT4:
         k_lo, k_hi = _load_int4(kc_ptr, ks_ptr, kz_ptr, kc_row, ks_row, nmask, D, HALF_PAD, K_G,
-                                K_ALIGNED, BLOCK_N, FAST)
+                                K_GPATH, BLOCK_N, FAST)
         s = _dot(q_a, tl.trans(k_lo.to(K_DT)), K_DT) + _dot(q_b, tl.trans(k_hi.to(K_DT)), K_DT)
     elif QK8:  # int8 codes straight into an int8 MMA with q's two int8 parts (see `split_q_int8`)
         d = tl.arange(0, D_PAD)
@@ -291,7 +290,7 @@ def _attend_tile(
     # ---- P @ V ----
     if V_FMT == K_FMT_INT4:
         v_lo, v_hi = _load_int4(vc_ptr, vs_ptr, vz_ptr, vc_row, vs_row, nmask, D, HALF_PAD, V_G,
-                                V_ALIGNED, BLOCK_N, FAST)
+                                V_GPATH, BLOCK_N, FAST)
         pd = p.to(V_DT)
         acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
         acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
@@ -319,9 +318,9 @@ def _decode_kernel(
     out_ptr, so_t, so_h, po_ptr, pml_ptr, qk_scale, tokens_per_split,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     HALF_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr, K_ALIGNED: tl.constexpr,
+    K_FMT: tl.constexpr, K_STATIC: tl.constexpr, K_G: tl.constexpr, K_GPATH: tl.constexpr,
     K_FACTOR: tl.constexpr, K_DT: tl.constexpr,
-    V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_ALIGNED: tl.constexpr,
+    V_FMT: tl.constexpr, V_STATIC: tl.constexpr, V_G: tl.constexpr, V_GPATH: tl.constexpr,
     V_FACTOR: tl.constexpr, V_DT: tl.constexpr, INTERPRET: tl.constexpr, FAST: tl.constexpr,
     IDX64: tl.constexpr = True, PREFETCH: tl.constexpr = 0,
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
@@ -400,7 +399,7 @@ def _decode_kernel(
                     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                    K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
+                    K_FMT, K_STATIC, K_G, K_GPATH, K_DT, V_FMT, V_STATIC, V_G, V_GPATH, V_FACTOR, V_DT, FAST,
                     IDX64, phase == 1, PREFETCH, QK8, q_s)
                 n0 += BLOCK_N
         else:
@@ -410,7 +409,7 @@ def _decode_kernel(
                     kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
-                    K_FMT, K_STATIC, K_G, K_ALIGNED, K_DT, V_FMT, V_STATIC, V_G, V_ALIGNED, V_FACTOR, V_DT, FAST,
+                    K_FMT, K_STATIC, K_G, K_GPATH, K_DT, V_FMT, V_STATIC, V_G, V_GPATH, V_FACTOR, V_DT, FAST,
                     IDX64, phase == 1, PREFETCH, QK8, q_s)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR

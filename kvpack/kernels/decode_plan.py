@@ -28,13 +28,16 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+INT4_GROUP_PATHS = ("gather", "broadcast", "select")  # `_load_int4`'s GPATH: the index of `int4_group_path`
+
+
 def int4_group_path(fmt) -> str | None:
     """How the "dot" decode kernel (`decode_attention._load_int4`: every int4 head dim but "fragt"'s 128) applies an
     int4 side's group scales and zeros to the two nibble halves of its code bytes (channels j and j + D / 2):
     "broadcast": D a power of two, each half whole groups or one group the whole head (groups of D: SmolLM2's 64
         with --int4-group-size 64 / 128 had gathered them per channel, 2.2x groups of 32's time, session 30);
     "select": groups straddle the halves and each half spans at most 2 (head dim 96, groups of 32): each group's
-        parameters load once a token and are selected per half (the kernel's SELECT, the same rule);
+        parameters load once a token and are selected per half;
     "gather": per-channel loads of every element's parameters (head dim 80, groups of 16: ~4.8x bf16's decode
         time on an H200; the selects spilled there and ran slower, session 30);
     None for other kinds."""
@@ -57,11 +60,12 @@ def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
     scales = pool.scales if pool.scales is not None else codes
     zeros = pool.zeros if pool.zeros is not None else scales
     static = pool.static_scale if pool.static_scale is not None else codes
-    aligned = int4_group_path(fmt) == "broadcast"
+    path = int4_group_path(fmt)
+    gpath = INT4_GROUP_PATHS.index(path) if path else 0
     factor = 256.0 if fmt.kind == "fp8_e4m3" and not hw_fp8 else 1.0
     dot_dt = _TL_DTYPES[codes.dtype] if fmt.kind == "float" else tl.float16
     tensors = [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
-    consts = [fmt.kernel_id, fmt.scale_mode == "static", fmt.group_size, aligned, factor, dot_dt]
+    consts = [fmt.kernel_id, fmt.scale_mode == "static", fmt.group_size, gpath, factor, dot_dt]
     return tensors, consts
 
 
