@@ -417,13 +417,15 @@ def disassemble(cubin: bytes) -> str:
         return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def sass_counts(cubin: bytes) -> dict:
-    """Instruction counts by opcode (without modifiers) of a cubin, by the nvdisasm Triton ships."""
+def sass_counts(cubin: bytes, modifiers: bool = False) -> dict:
+    """Instruction counts by opcode (without modifiers, or with them: LDG.E.U16) of a cubin, by the nvdisasm Triton
+    ships."""
     import collections
 
     sass = disassemble(cubin)
     pat = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
-    return dict(collections.Counter(m.group(1).split(".")[0] for m in re.finditer(pat, sass, re.M)))
+    return dict(collections.Counter(m.group(1) if modifiers else m.group(1).split(".")[0]
+                                    for m in re.finditer(pat, sass, re.M)))
 
 
 def workspace_sass(formats=("int4", "fp8_e4m3", "int8"), arch: int = 90, module=None) -> dict:
@@ -534,7 +536,6 @@ def int4_decode_sass(arch: int = 90) -> dict:
     """The "dot" decode kernel (every head dim but 128 runs it on int4) planned as on an H200 at 8 sequences x 4096
     tokens, 8 splits, compiled for sm_`arch`: {"Hq/Hkv/D/gG": {"regs": registers a thread (cuobjdump), the full
     opcodes LDG.E.U16 (the two-byte group parameter loads), LDL / STL (spills)}}."""
-    import collections
     import tempfile
 
     import triton
@@ -555,8 +556,7 @@ def int4_decode_sass(arch: int = 90) -> dict:
         sig, consts, attrs = signature(plan.kernel, plan.args, own)
         ck = triton.compile(triton.compiler.ASTSource(plan.kernel, sig, consts, attrs),
                             target=GPUTarget("cuda", arch, 32), options=opts)
-        ops = collections.Counter(m.group(1) for m in re.finditer(
-            r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", disassemble(ck.asm["cubin"]), re.M))
+        ops = sass_counts(ck.asm["cubin"], modifiers=True)
         regs = None
         if os.path.exists(cuobjdump):
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
