@@ -534,8 +534,9 @@ def test_write_row_layout_keeps_rows_in_registers():
 
 def int4_decode_sass(arch: int = 90) -> dict:
     """The "dot" decode kernel (every head dim but 128 runs it on int4) planned as on an H200 at 8 sequences x 4096
-    tokens, 8 splits, compiled for sm_`arch`: {"Hq/Hkv/D/gG": {"regs": registers a thread (cuobjdump), the full
-    opcodes LDG.E.U16 (the two-byte group parameter loads), LDL / STL (spills)}}."""
+    tokens, 8 splits, 32-token tiles, compiled for sm_`arch`: {"Hq/Hkv/D/gG": {"regs": registers a thread (cuobjdump),
+    the full opcodes LDG.E.U16 (the two-byte group parameter loads), LDG.E.U8 (code bytes loaded one by one), LDL /
+    STL (spills)}}."""
     import tempfile
 
     import triton
@@ -547,11 +548,12 @@ def int4_decode_sass(arch: int = 90) -> dict:
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     out = {}
-    for hq, hkv, d, g in ((9, 3, 64, 32), (9, 3, 64, 64), (32, 32, 96, 32), (32, 8, 128, 128)):
+    for hq, hkv, d, g in ((9, 3, 64, 32), (9, 3, 64, 64), (32, 32, 80, 16), (32, 32, 96, 32), (32, 8, 128, 128)):
         nb = 4096 // 16
         meta = AttentionMetadata.build([1] * 8, [4096] * 8, [list(range(i * nb, (i + 1) * nb)) for i in range(8)], 16)
         lc = LayerKVCache(make_pool("int4", d, 8 * nb, hkv, 16, "cpu", g), make_pool("int4", d, 8 * nb, hkv, 16, "cpu", g))
-        plan = plan_decode(torch.randn(8, hq, d, dtype=torch.bfloat16), lc, meta, d ** -0.5, num_splits=8, variant="dot")
+        plan = plan_decode(torch.randn(8, hq, d, dtype=torch.bfloat16), lc, meta, d ** -0.5, num_splits=8, variant="dot",
+                           block_n=32)
         own, opts = split_options(plan.kernel, plan.options)
         sig, consts, attrs = signature(plan.kernel, plan.args, own)
         ck = triton.compile(triton.compiler.ASTSource(plan.kernel, sig, consts, attrs),
@@ -567,22 +569,26 @@ def int4_decode_sass(arch: int = 90) -> dict:
             regs = int(m.group(1)) if m else None
         out[f"{hq}/{hkv}/{d}/g{g}"] = {
             "regs": regs, "block_n": plan.args[plan.kernel.arg_names.index("BLOCK_N")],
-            "params": ops.get("LDG.E.U16", 0),
+            "params": ops.get("LDG.E.U16", 0), "bytes": ops.get("LDG.E.U8", 0),
             "spills": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL")))}
     return out
 
 
 def test_int4_decode_loads_group_parameters_once_a_token():
-    """int4 decode on the "dot" kernel (head dims 64 and 96 here): each group's scale and zero load once a token,
-    not once a channel, and one-warp programs at head dim 64 fit the 128 registers that `choose_num_splits`
-    assumes (16 an SM). Session 30 found each broken on the H200: one group a head (SmolLM2's head dim 64 with
-    --int4-group-size 64) gathered per channel (1.8x bf16's time), head dim 96 gathered per channel and
-    spilled (2.8x), and the one-group kernel compiled to 140 registers (1.4x). A static check (sm_90 SASS)."""
+    """int4 decode on the "dot" kernel (head dims 64, 80 and 96 here): each group's scale and zero load once a token
+    (head dim 80: once an 8-channel chunk), not once a channel, code rows load in words, not bytes, and one-warp
+    programs at head dim 64 fit the 128 registers that `choose_num_splits` assumes (16 an SM). Sessions 30 and 31
+    found each broken on the H200: one group a head (SmolLM2's head dim 64 with --int4-group-size 64) gathered per
+    channel (1.8x bf16's time), head dims 96 and 80 gathered per channel and spilled (2.8x, 4.7x; head dim 80's
+    40-byte code rows also loaded byte by byte), and the one-group kernel compiled to 140 registers (1.4x). A
+    static check (sm_90 SASS)."""
     got = sass_in_subprocess("int4-decode-sass")
     for name, c in got.items():
-        # a 32-token tile of one warp: one two-byte load a token, group parameter and side per lane (x2: the
-        # loop's peeled first tile); the per-channel gathers had issued 400-800
+        # a 32-token tile of one warp: one two-byte load a token, group parameter (head dim 80: 8-channel chunk,
+        # 5 a half, 60 in all) and side per lane (x2: the loop's peeled first tile); the per-channel gathers had
+        # issued 344-800
         assert c["block_n"] == 32 and c["params"] <= 64, (name, c)
+        assert c["bytes"] == 0, (name, c)  # head dim 80, before session 31: 256
         assert c["spills"] <= 16, (name, c)  # (one group a head at 128 registers: 10; the gathers: ~1,000)
         if name.endswith(("/64/g32", "/64/g64")) and c["regs"] is not None:
             assert c["regs"] <= 128, (name, c)

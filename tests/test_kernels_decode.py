@@ -955,7 +955,7 @@ def test_decode_int4_one_group_per_head(D, group_size):
         assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("broadcast"), "one group a head: broadcast"
         check(k_name, v_name, [37, 1, 70], D=D, group_size=group_size, num_splits=splits)
     q, lc, meta = build_case("int4", "int4", [5], 9, 3, 96, 16, group_size=32)
-    assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("select"), "head dim 96: groups of 32 straddle the halves"
+    assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("chunk"), "head dim 96: groups of 32 straddle the halves"
 
 
 @pytest.mark.parametrize("group,Hkv", [(1, 2), (3, 1), (8, 1)])
@@ -966,6 +966,27 @@ def test_decode_gqa_ratios(group, Hkv):
 @pytest.mark.parametrize("D,block_size", [(80, 16), (128, 32), (96, 32)])
 def test_decode_head_dims(D, block_size):
     check("int4", "fp8_e4m3", [40, 5], D=D, block_size=block_size, num_splits=2)
+
+
+@pytest.mark.parametrize("D,group_size", [(80, 16), (96, 32), (96, 16)])
+def test_decode_int4_chunks(D, group_size):
+    """Head dims 80 and 96: groups straddle the nibble halves, and each half's chunks take their group's parameters
+    (`int4_group_path` "chunk"); head dim 80's 40-byte code rows load 8 bytes at a time. Odd lengths (masked last
+    tiles), 1 and 3 splits, int4 on both sides and beside int8, the default 64-token tiles and 32."""
+    from kvpack.kernels.decode_plan import INT4_GROUP_PATHS, _side_args
+
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    scale = D ** -0.5
+    for k_name, v_name, splits, block_n in (("int4", "int4", 1, None), ("int4", "int4", 3, 32), ("int8", "int4", 3, None)):
+        q, lc, meta = build_case(k_name, v_name, [77, 1, 130], 4, 2, D, 16, group_size=group_size)
+        assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("chunk")
+        plan = plan_decode(q, lc, meta, scale, num_splits=splits, block_n=block_n)
+        assert plan.args[plan.kernel.arg_names.index("BLOCK_N")] == (block_n or 64)
+        ref = reference.paged_attention(q, lc, meta, scale).float()
+        out = decode_paged_attention(q, lc, meta, scale, num_splits=splits, block_n=block_n).float()
+        err = ((out - ref).abs() - RTOL * ref.abs()).max().item()
+        assert err <= ATOL, (k_name, v_name, splits, block_n, err)
 
 
 @pytest.mark.parametrize("k_name,v_name", [("bfloat16", "bfloat16"), ("int4", "bfloat16")])
@@ -1164,22 +1185,14 @@ def test_int4_tile_plan():
     assert tile("int8", 128, [700, 9], 1) == (64, False)
 
 
-def test_int4_group_path_and_slow_decode_warning():
-    """`decode_plan.int4_group_path` (what `_side_args` plans and the kernel's SELECT computes) per head dim and group,
-    and the start-up warning an engine on CUDA prints for the per-channel path."""
-    from kvpack.engine.llm_engine import slow_decode_warnings
+def test_int4_group_path():
+    """`decode_plan.int4_group_path` (what `_side_args` plans for `_load_int4`) per head dim and group."""
     from kvpack.formats import resolve_format
     from kvpack.kernels.decode_plan import int4_group_path
 
     want = {(64, 32): "broadcast", (64, 64): "broadcast", (128, 128): "broadcast", (256, 32): "broadcast",
-            (96, 32): "select", (96, 16): "gather", (80, 16): "gather", (80, 32): "gather"}
+            (96, 32): "chunk", (96, 16): "chunk", (80, 16): "chunk", (80, 32): "chunk"}
     for (d, g), path in want.items():
         fmt = resolve_format("int4", head_dim=d, int4_group_size=g)
         assert int4_group_path(fmt) == path, (d, g, fmt.group_size)
     assert int4_group_path(resolve_format("int8", head_dim=80)) is None
-    i4 = resolve_format("int4", head_dim=80)
-    i8 = resolve_format("int8", head_dim=80)
-    assert slow_decode_warnings(i8, i8) == []
-    got = slow_decode_warnings(i8, i4)
-    assert len(got) == 1 and got[0].startswith("V cache: int4 at head dim 80 (groups of 16)"), got
-    assert slow_decode_warnings(resolve_format("int4", head_dim=96), resolve_format("int4", head_dim=128)) == []

@@ -54,21 +54,6 @@ class RequestError(KVPackError, ValueError):
     """A request the engine cannot serve (bad prompt, too long, duplicate id)."""
 
 
-def slow_decode_warnings(k_format, v_format) -> list[str]:
-    """Warnings for KV formats whose GPU decode path is known to be slower than a bf16 cache (printed at start
-    on CUDA): int4 where the decode kernel loads its group parameters per channel (`decode_plan.int4_group_path`
-    "gather": head dim 80)."""
-    from kvpack.kernels.decode_plan import int4_group_path  # (imports triton: CUDA only)
-
-    out = []
-    for side, fmt in (("K", k_format), ("V", v_format)):
-        if int4_group_path(fmt) == "gather":
-            out.append(f"{side} cache: int4 at head dim {fmt.head_dim} (groups of {fmt.group_size}) decodes through "
-                       f"per-channel loads of its group parameters, several times slower than a bf16 cache (head dim "
-                       f"80 on an H200: ~4.8x); int8 or fp8 decode faster here")
-    return out
-
-
 def init_logging() -> None:
     """INFO messages of the `kvpack` logger go to stderr unless the application configured logging."""
     if not logger.handlers and not logging.getLogger().handlers:
@@ -238,9 +223,6 @@ class LLMEngine:
         if log_stats:
             for line in plan.log_lines(max_model_len):
                 logger.info("%s", line)
-        if not is_cpu:
-            for line in slow_decode_warnings(engine.k_format, engine.v_format):
-                logger.warning("%s", line)
         return engine
 
     def kv_cache_info(self) -> dict[str, Any]:

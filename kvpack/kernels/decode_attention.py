@@ -112,17 +112,22 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
                HALF_PAD: tl.constexpr, G: tl.constexpr, GPATH: tl.constexpr, BLOCK_N: tl.constexpr,
                FAST: tl.constexpr):
     """int4 tile as two fp16 halves [BLOCK_N, HALF_PAD]: channels j and j + D/2, code * s + m. GPATH: how the group
-    parameters reach the halves, `decode_plan.int4_group_path` as its index in INT4_GROUP_PATHS (0 gather, 1
-    broadcast, 2 select)."""
+    parameters reach the halves, `decode_plan.int4_group_path` as its index in INT4_GROUP_PATHS (0 broadcast, 1
+    chunks)."""
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF_PAD)
+    ROWA: tl.constexpr = HALF & (0 - HALF)  # the code rows' alignment in bytes (`_side_args` checks the strides)
+    if ROWA < 16:  # head dim 80's 40-byte rows: their token stride is not specialized (not a multiple of 16), and
+        # without the shifts, which tell the compiler the alignment, they loaded byte by byte (a tl.multiple_of hint
+        # did not reach the load); 8-byte loads now
+        c_row = (c_row >> ROWA.bit_length() - 1) << ROWA.bit_length() - 1
     b = tl.load(codes_ptr + c_row[:, None] + j[None, :], mask=nmask[:, None] & (j < HALF)[None, :], other=0)
     if FAST:
         lo, hi = int4_to_f16(b)
     else:
         lo = int4_lo(b).to(tl.float16)
         hi = int4_hi(b).to(tl.float16)
-    if GPATH == 1:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
+    if GPATH == 0:  # D a power of two, each half whole groups or one group the whole head: broadcast group params
         NGH: tl.constexpr = (HALF + G - 1) // G  # groups per half (1 when one group covers the head)
         GH: tl.constexpr = HALF // NGH  # a group's channels within a half
         HI: tl.constexpr = HALF // G  # the high half's first group (0: the head's one group)
@@ -142,38 +147,25 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
         hi = tl.reshape(hi, (BLOCK_N, NGH, GH)) * s_hi[:, :, None] + z_hi[:, :, None]
         lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
         hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
-    elif GPATH == 2:  # head dim 96 (groups of 32): groups straddle the halves, each half spans 2. Each group's
-        # parameters load once a token and are selected into the channels of the half that holds them. Gathering
-        # them per channel (4 loads an element) took 2.8x bf16's time at 32 x 32 heads x 4096 (session 30: 0.88x
-        # now); at head dim 80 (groups of 16, 3 a half) the selects measured slower than the gather (584 against 425
-        # us: register spills), which it keeps
-        s_lo = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
-        z_lo = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
-        s_hi = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
-        z_hi = tl.zeros((BLOCK_N, HALF_PAD), tl.float16)
-        for g in tl.static_range(D // G):
-            s_g = tl.load(scales_ptr + s_row + g, mask=nmask, other=0.0)[:, None]
-            z_g = tl.load(zeros_ptr + s_row + g, mask=nmask, other=0.0)[:, None]
-            if g * G < HALF:  # channels g G .. of the low half (its padding past HALF keeps 0)
-                in_lo = ((j >= g * G) & (j < g * G + G) & (j < HALF))[None, :]
-                s_lo = tl.where(in_lo, s_g, s_lo)
-                z_lo = tl.where(in_lo, z_g, z_lo)
-            if (g + 1) * G > HALF:  # ... of the high half (channel j + HALF)
-                in_hi = ((j + HALF >= g * G) & (j + HALF < g * G + G))[None, :]
-                s_hi = tl.where(in_hi, s_g, s_hi)
-                z_hi = tl.where(in_hi, z_g, z_hi)
-        lo = lo * s_lo + z_lo
-        hi = hi * s_hi + z_hi
-    else:  # gather each channel's group parameters (head dim 80)
-        jm = nmask[:, None] & (j < HALF)[None, :]
-        g_lo = (j // G)[None, :]
-        g_hi = ((j + HALF) // G)[None, :]
-        s_lo = tl.load(scales_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0)
-        s_hi = tl.load(scales_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0)
-        z_lo = tl.load(zeros_ptr + s_row[:, None] + g_lo, mask=jm, other=0.0)
-        z_hi = tl.load(zeros_ptr + s_row[:, None] + g_hi, mask=jm, other=0.0)
-        lo = lo * s_lo + z_lo
-        hi = hi * s_hi + z_hi
+    else:  # chunks: each half cut into chunks of C channels (the largest power of two dividing both the half and the
+        # group), each inside one group, whose parameters load once a chunk and broadcast over it (head dim 80, groups
+        # of 16: 8-channel chunks, 5 a half; head dim 96, groups of 32: 16-channel chunks, 3 a half). They had been
+        # loaded per channel (head dim 80: 4.7x bf16's decode time, now ~1.06x; session 31), or selected per half
+        # (head dim 96: the same time as the chunks, 102 us a layer at 32 x 32 heads x 8 x 4096)
+        C: tl.constexpr = G if HALF % G == 0 else HALF & (0 - HALF)
+        NCH: tl.constexpr = HALF_PAD // C
+        k = tl.arange(0, NCH)
+        cm = nmask[:, None] & (k * C < HALF)[None, :]
+        g_lo = (k * C // G)[None, :]
+        g_hi = ((k * C + HALF) // G)[None, :]
+        s_lo = tl.load(scales_ptr + s_row[:, None] + g_lo, mask=cm, other=0.0)
+        z_lo = tl.load(zeros_ptr + s_row[:, None] + g_lo, mask=cm, other=0.0)
+        s_hi = tl.load(scales_ptr + s_row[:, None] + g_hi, mask=cm, other=0.0)
+        z_hi = tl.load(zeros_ptr + s_row[:, None] + g_hi, mask=cm, other=0.0)
+        lo = tl.reshape(lo, (BLOCK_N, NCH, C)) * s_lo[:, :, None] + z_lo[:, :, None]
+        hi = tl.reshape(hi, (BLOCK_N, NCH, C)) * s_hi[:, :, None] + z_hi[:, :, None]
+        lo = tl.reshape(lo, (BLOCK_N, HALF_PAD))
+        hi = tl.reshape(hi, (BLOCK_N, HALF_PAD))
     return lo, hi
 
 
@@ -589,7 +581,8 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     the four-warp configuration; head_dim 64: 32-token tiles), 16-bit sides 32-token tiles with two
     stages (0.95-0.98x).
     Head dim 256 and float32 caches (register-heavy tiles) keep four warps and 64-token tiles.
-    int4 K and V at head dims 65-128 (session 10, results/attention_s10): the 64-token one-warp tile
+    int4 K and V at head dims 65-128 (session 10, results/attention_s10; head dims 80 and 96 take 64 since session 31,
+    results/head_dims_s31): the 64-token one-warp tile
     spilled (61 local stores, 58 loads in its sm_90 SASS; 32 tokens: none) and 32-token tiles ran 3-6 %
     faster (1 x 32768 36.0 -> 33.7 us, 8 x 8192 55.3 -> 53.6, 128 x 1024 97.4 -> 94.4), except with the
     fused merge (2-4 splits: 32 x 4096 91.8 -> 95.3, 64 x 2048 91.9 -> 94.9), where `plan_decode` keeps 64."""
@@ -601,7 +594,9 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
         fp8 = kp.fmt.kind.startswith("fp8") or vp.fmt.kind.startswith("fp8")
         return 32, 1, 2 if fp8 else 1
     if kp.fmt.kind == vp.fmt.kind == "int4":  # session 10: int4's 64-token tile spills (sm_90: 61 STL)
-        return 32, 1, 1  # (`plan_decode` takes INT4_FUSED_TILE where the merge is fused)
+        # (`plan_decode` takes INT4_FUSED_TILE where the merge is fused); head dims 80 and 96 (session 31, 32 x 32
+        # heads, 1 x 32768, per layer): 64-token tiles, 106.9 -> 94.2 us (80) and 110.5 -> 102.2 (96)
+        return (32 if head_dim == next_pow2(head_dim) else 64), 1, 1
     return 64, 1, 1
 
 

@@ -28,7 +28,7 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
-INT4_GROUP_PATHS = ("gather", "broadcast", "select")  # `_load_int4`'s GPATH: the index of `int4_group_path`
+INT4_GROUP_PATHS = ("broadcast", "chunk")  # `_load_int4`'s GPATH: the index of `int4_group_path`
 
 
 def int4_group_path(fmt) -> str | None:
@@ -36,10 +36,9 @@ def int4_group_path(fmt) -> str | None:
     int4 side's group scales and zeros to the two nibble halves of its code bytes (channels j and j + D / 2):
     "broadcast": D a power of two, each half whole groups or one group the whole head (groups of D: SmolLM2's 64
         with --int4-group-size 64 / 128 had gathered them per channel, 2.2x groups of 32's time, session 30);
-    "select": groups straddle the halves and each half spans at most 2 (head dim 96, groups of 32): each group's
-        parameters load once a token and are selected per half;
-    "gather": per-channel loads of every element's parameters (head dim 80, groups of 16: ~4.8x bf16's decode
-        time on an H200; the selects spilled there and ran slower, session 30);
+    "chunk": groups straddle the halves (head dims 80 and 96): each half in chunks of the largest power of two
+        dividing the half and the group, each chunk's group parameters loaded once a token (session 31: head dim 80
+        had loaded them per channel, 4.7x bf16's decode time, now ~1.06x);
     None for other kinds."""
     if fmt.kind != "int4":
         return None
@@ -47,9 +46,7 @@ def int4_group_path(fmt) -> str | None:
     half = d // 2
     if half & (half - 1) == 0 and (half % g == 0 or g == d):
         return "broadcast"
-    if (half - 1) // g < 2 and (d - 1) // g - half // g < 2:
-        return "select"
-    return "gather"
+    return "chunk"
 
 
 def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
@@ -62,6 +59,9 @@ def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
     static = pool.static_scale if pool.static_scale is not None else codes
     path = int4_group_path(fmt)
     gpath = INT4_GROUP_PATHS.index(path) if path else 0
+    if path:  # `_load_int4` aligns its code rows to the half's lowest set bit (8 bytes at head dim 80)
+        align = (fmt.head_dim // 2) & -(fmt.head_dim // 2)
+        assert all(st % align == 0 for st in codes.stride()[:3]), (codes.stride(), align)
     factor = 256.0 if fmt.kind == "fp8_e4m3" and not hw_fp8 else 1.0
     dot_dt = _TL_DTYPES[codes.dtype] if fmt.kind == "float" else tl.float16
     tensors = [codes, scales, zeros, static, *codes.stride()[:3], *scales.stride()[:3]]
