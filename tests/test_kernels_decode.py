@@ -989,6 +989,36 @@ def test_decode_int4_chunks(D, group_size):
         assert err <= ATOL, (k_name, v_name, splits, block_n, err)
 
 
+@pytest.mark.parametrize("D", [80, 96])
+def test_decode_two_part_head(D):
+    """Head dims 80 and 96 with 8-bit codes: "dot" takes the head as 64 + 16 / 32 channels instead of padding it to
+    128 (`two_part_head`), also for int8 K where "auto" would have taken "imma" (padded), with rotated FP8 sides (q
+    and the output rotated per part: whole Hadamard blocks), a V mean (centering), one split (the kernel's epilogue
+    rotates) and three (the merge does), fused or not; and against the same plan padded (KVPACK_DECODE_TWO_PART=0)."""
+    import kvpack.kernels.decode_attention as da
+
+    scale = D ** -0.5
+    cases = (("int8", "int8", None), ("int8-static", "fp8_e4m3", None), ("fp8_e4m3", "fp8_e5m2", None),
+             ("fp8_e5m2", "bfloat16", None), ("int8", "fp8_e4m3", "v"))
+    for k_name, v_name, center in cases:
+        q, lc, meta = build_case(k_name, v_name, [77, 1, 130], 8, 2, D, 16)
+        if center:  # a V mean, added to the output (the epilogue or the merge)
+            gen = torch.Generator().manual_seed(7)
+            lc = dataclasses.replace(lc, v_mean=torch.randn(2, D, generator=gen) * 3)
+        for splits, merge in ((1, None), (3, "fused"), (3, "separate")):
+            plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, merge=merge)
+            assert plan.variant == "dot" and plan.options["D_B"] == D - 64, (k_name, v_name, plan.variant)
+            ref = reference.paged_attention(q, lc, meta, scale).float()
+            out = da.decode_paged_attention(q, lc, meta, scale, num_splits=splits, merge=merge).float()
+            err = ((out - ref).abs() - RTOL * ref.abs()).max().item()
+            assert err <= ATOL, (k_name, v_name, splits, merge, err)
+    assert da.two_part_head("imma", lc.k, lc.v) == 0 and da.two_part_head("dot", lc.k, lc.v) == D - 64
+    q, lc, meta = build_case("int4", "int8", [9], 8, 2, D, 16)
+    assert da.two_part_head("dot", lc.k, lc.v) == 0  # int4 keeps its halves
+    q, lc, meta = build_case("bfloat16", "bfloat16", [9], 8, 2, D, 16)
+    assert da.two_part_head("dot", lc.k, lc.v) == 0  # 16-bit: memory-bound, padded
+
+
 @pytest.mark.parametrize("k_name,v_name", [("bfloat16", "bfloat16"), ("int4", "bfloat16")])
 def test_decode_bf16(k_name, v_name):
     """bf16 q and bf16 caches: outputs round to bf16 (one ulp is 7.8e-3 at magnitude 1-2), and the

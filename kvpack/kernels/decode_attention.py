@@ -86,6 +86,9 @@ INT4_RING_MAXNREG = int(os.environ.get("KVPACK_INT4_RING_MAXNREG", "0"))
 # ... converting V by token pairs (`decode_frag._v4_dequant_pairs`: sm_90 tile loop 1,652 -> 1,497 instructions);
 # KVPACK_INT4_RING_VPAIRS=0: by channel pairs as the direct loads do (measuring)
 INT4_RING_VPAIRS = os.environ.get("KVPACK_INT4_RING_VPAIRS", "1") != "0"
+# "dot" splits 8-bit heads of 80 / 96 channels into 64 + 16 / 32 instead of padding them to 128 (`two_part_head`;
+# KVPACK_DECODE_TWO_PART=0: padded, for measuring)
+TWO_PART = os.environ.get("KVPACK_DECODE_TWO_PART", "1") != "0"
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -210,7 +213,7 @@ def _attend_tile(
     K_GPATH: tl.constexpr, K_DT: tl.constexpr, V_FMT: tl.constexpr, V_STATIC: tl.constexpr,
     V_G: tl.constexpr, V_GPATH: tl.constexpr, V_FACTOR: tl.constexpr, V_DT: tl.constexpr,
     FAST: tl.constexpr, IDX64: tl.constexpr, MASKED: tl.constexpr,
-    PREFETCH: tl.constexpr, QK8: tl.constexpr, q_s,
+    PREFETCH: tl.constexpr, QK8: tl.constexpr, q_s, D_B: tl.constexpr = 0,
 ):
     """One BLOCK_N-token tile: scores, online-softmax update, P @ V. Returns (m_i, l_i, acc_a, acc_b).
     QK8 ("imma"): q_a, q_b are q's int8 parts and q_s its per-row step times the softmax scale
@@ -248,6 +251,10 @@ def _attend_tile(
         si = tl.dot(q_a, kt, out_dtype=tl.int32) * Q_LO_STEPS
         si = tl.dot(q_b, kt, si, out_dtype=tl.int32)
         s = si.to(tl.float32)  # times q_s (per row, with the softmax scale) in the softmax below
+    elif D_B > 0:  # two parts: D_PAD / 2 channels, then D_B (their last D - D_PAD / 2 loaded)
+        k_a = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D_PAD // 2, D_PAD // 2, FAST)
+        k_b = _load_raw(kc_ptr, kc_row + D_PAD // 2, nmask, K_FMT, D - D_PAD // 2, D_B, FAST)
+        s = _dot(q_a, tl.trans(k_a), K_DT) + _dot(q_b, tl.trans(k_b), K_DT)
     else:
         k = _load_raw(kc_ptr, kc_row, nmask, K_FMT, D, D_PAD, FAST)
         s = _dot(q_a, tl.trans(k), K_DT)
@@ -286,6 +293,21 @@ def _attend_tile(
         pd = p.to(V_DT)
         acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
         acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
+    elif D_B > 0:
+        v_a = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D_PAD // 2, D_PAD // 2, FAST)
+        v_b = _load_raw(vc_ptr, vc_row + D_PAD // 2, nmask, V_FMT, D - D_PAD // 2, D_B, FAST)
+        if VTOK:  # as below
+            vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
+            vmax = tl.max(vs, axis=0)
+            vmax = tl.where(vmax > 0, vmax, 1.0)
+            pd = (p * (vs * (1.0 / vmax))[None, :]).to(V_DT)
+            vf = vmax * V_FACTOR
+            acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT) * vf
+            acc_b = acc_b * alpha[:, None] + _dot(pd, v_b, V_DT) * vf
+        else:
+            pd = p.to(V_DT)
+            acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT)
+            acc_b = acc_b * alpha[:, None] + _dot(pd, v_b, V_DT)
     else:
         v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
         if VTOK:
@@ -318,7 +340,7 @@ def _decode_kernel(
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
     ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
     cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0, PDL: tl.constexpr = 0,
-    times_ptr=None,
+    times_ptr=None, D_B: tl.constexpr = 0,
 ):
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
         t_ptr = probe_entry(times_ptr)
@@ -328,6 +350,7 @@ def _decode_kernel(
     h = tl.program_id(1)
     split = tl.program_id(2)
     HALF: tl.constexpr = D // 2
+    tl.static_assert(D_B == 0 or not (QK8 or K_FMT == K_FMT_INT4 or V_FMT == K_FMT_INT4), "two parts: no int4, imma")
     q_row = tl.load(qsl_ptr + b)
     has_q = tl.load(qsl_ptr + b + 1) > q_row
     seq_len = tl.where(has_q, tl.load(seq_lens_ptr + b), 0)
@@ -350,6 +373,17 @@ def _decode_kernel(
         qm = gm[:, None] & (j < HALF)[None, :]
         q_a = tl.load(q_base + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
         q_b = tl.load(q_base + HALF + j[None, :], mask=qm, other=0.0).to(tl.float32).to(K_DT)
+    elif D_B > 0:  # two parts, channels [0, D_PAD / 2) and the next D_B (`two_part_head`)
+        da = tl.arange(0, D_PAD // 2)
+        db = tl.arange(0, D_B)
+        q_a = tl.load(q_base + da[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+        q_b = tl.load(q_base + D_PAD // 2 + db[None, :], mask=gm[:, None] & (D_PAD // 2 + db < D)[None, :],
+                      other=0.0).to(tl.float32)
+        if ROT_Q:  # each part whole Hadamard blocks (`two_part_head`)
+            q_a = _hadamard(q_a, GROUP_PAD, D_PAD // 2, ROT_HB, ROT_NORM)
+            q_b = _hadamard(q_b, GROUP_PAD, D_B, ROT_HB, ROT_NORM)
+        q_a = q_a.to(K_DT)
+        q_b = q_b.to(K_DT)
     else:
         d = tl.arange(0, D_PAD)
         q_a = tl.load(q_base + d[None, :], mask=gm[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
@@ -372,6 +406,9 @@ def _decode_kernel(
     if V_FMT == K_FMT_INT4:
         acc_a = tl.zeros([GROUP_PAD, HALF_PAD], tl.float32)
         acc_b = tl.zeros([GROUP_PAD, HALF_PAD], tl.float32)
+    elif D_B > 0:
+        acc_a = tl.zeros([GROUP_PAD, D_PAD // 2], tl.float32)
+        acc_b = tl.zeros([GROUP_PAD, D_B], tl.float32)
     else:
         acc_a = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
         acc_b = acc_a
@@ -392,7 +429,7 @@ def _decode_kernel(
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_GPATH, K_DT, V_FMT, V_STATIC, V_G, V_GPATH, V_FACTOR, V_DT, FAST,
-                    IDX64, phase == 1, PREFETCH, QK8, q_s)
+                    IDX64, phase == 1, PREFETCH, QK8, q_s, D_B)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
@@ -402,7 +439,7 @@ def _decode_kernel(
                     vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                     D, D_PAD, HALF_PAD, BLOCK_SIZE, BLOCK_N,
                     K_FMT, K_STATIC, K_G, K_GPATH, K_DT, V_FMT, V_STATIC, V_G, V_GPATH, V_FACTOR, V_DT, FAST,
-                    IDX64, phase == 1, PREFETCH, QK8, q_s)
+                    IDX64, phase == 1, PREFETCH, QK8, q_s, D_B)
     if V_STATIC:
         v_scale = tl.load(vst_ptr + h) * V_FACTOR
         acc_a = acc_a * v_scale
@@ -415,6 +452,15 @@ def _decode_kernel(
     if V_FMT == K_FMT_INT4:
         c = tl.arange(0, HALF_PAD)
         cm = gm[:, None] & (c < HALF)[None, :]
+        B_OFF: tl.constexpr = HALF  # acc_b's first channel
+        cb = c
+        cbm = cm
+    elif D_B > 0:
+        c = tl.arange(0, D_PAD // 2)
+        cm = gm[:, None] & (c < D)[None, :]
+        B_OFF: tl.constexpr = D_PAD // 2
+        cb = tl.arange(0, D_B)
+        cbm = gm[:, None] & (D_PAD // 2 + cb < D)[None, :]
     else:
         c = tl.arange(0, D_PAD)
         cm = gm[:, None] & (c < D)[None, :]
@@ -423,23 +469,30 @@ def _decode_kernel(
         if V_FMT == K_FMT_INT4:
             o = tl.reshape(tl.permute(tl.join(acc_a / l_safe, acc_b / l_safe), (0, 2, 1)), (GROUP_PAD, D_PAD))
             c = tl.arange(0, D_PAD)
+            _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, gm & has_q, vmean_ptr, h,
+                       D, GROUP_PAD, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+        elif D_B > 0:  # each part whole Hadamard blocks
+            _store_out(acc_a / l_safe, out_ptr, q_row, so_t, so_h, heads, c, gm & has_q, vmean_ptr, h,
+                       D, GROUP_PAD, D_PAD // 2, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+            _store_out(acc_b / l_safe, out_ptr, q_row, so_t, so_h, heads, B_OFF + cb, gm & has_q, vmean_ptr, h,
+                       D, GROUP_PAD, D_B, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
         else:
-            o = acc_a / l_safe
-        _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, gm & has_q, vmean_ptr, h,
-                   D, GROUP_PAD, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+            _store_out(acc_a / l_safe, out_ptr, q_row, so_t, so_h, heads, c, gm & has_q, vmean_ptr, h,
+                       D, GROUP_PAD, D_PAD, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
     elif not SPLIT:
         o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
         cm = cm & has_q
         tl.store(o_ptr, (acc_a / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
-        if V_FMT == K_FMT_INT4:
-            tl.store(o_ptr + HALF, (acc_b / l_safe).to(out_ptr.dtype.element_ty), mask=cm)
+        if V_FMT == K_FMT_INT4 or D_B > 0:
+            ob_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + B_OFF + cb[None, :]
+            tl.store(ob_ptr, (acc_b / l_safe).to(out_ptr.dtype.element_ty), mask=cbm & has_q)
     else:
         # partials: po [B, Hq, num_splits, D] fp32, pml [B, Hq, num_splits, 2] fp32
         ph = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * tl.num_programs(2) + split
         p_ptr = po_ptr + ph[:, None] * D + c[None, :]
         tl.store(p_ptr, acc_a, mask=cm)
-        if V_FMT == K_FMT_INT4:
-            tl.store(p_ptr + HALF, acc_b, mask=cm)
+        if V_FMT == K_FMT_INT4 or D_B > 0:
+            tl.store(po_ptr + ph[:, None] * D + B_OFF + cb[None, :], acc_b, mask=cbm)
         tl.store(pml_ptr + ph * 2, m_i, mask=gm)
         tl.store(pml_ptr + ph * 2 + 1, l_i, mask=gm)
         if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
@@ -600,6 +653,21 @@ def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
     return 64, 1, 1
 
 
+def two_part_head(variant: str, kp, vp) -> int:
+    """The width of the second part where "dot" splits a head dim that is not a power of two in two (the kernel's
+    D_B: channels [0, D_PAD / 2), then D_B more, D_B the next power of two >= D - D_PAD / 2, at least 16), else 0:
+    8-bit codes on one side at least, neither int4, K through fp16 dots (not "imma"), each part whole Hadamard
+    blocks where a side rotates (80 = 64 + 16, blocks of 16; 96 = 64 + 32, blocks of 32). A head of 80 padded to
+    128 had spent 128 channels' work on each token: int8 and FP8 decoded 32 x 32 heads x 8 x 4096 in about the same
+    time at head dims 80 and 96 (78.7-95.5 us a layer; bf16 88.6 / 114.7, session 31)."""
+    d = kp.fmt.head_dim
+    d_pad = next_pow2(d)
+    if (variant != "dot" or d == d_pad or "int4" in (kp.fmt.kind, vp.fmt.kind) or kp.fmt.kind == vp.fmt.kind == "float"
+            or (kp.fmt.rotate or vp.fmt.rotate) and (d - d_pad // 2) % hadamard_block_size(d)):
+        return 0
+    return max(16, next_pow2(d - d_pad // 2))
+
+
 def int4_ring_ok(kp, vp) -> bool:
     """Whether "fragt"'s int4 ring (`decode_frag._r4_issue`) can copy these pools: int4 K and V in the same groups
     of 32, 64 or 128 channels (4, 2, 1 parameters a token), blocks of >= 16 tokens, and each block's code rows and
@@ -631,6 +699,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     B = metadata.num_seqs
     group = Hq // Hkv
     dev = q.device
+    asked = variant or os.environ.get("KVPACK_DECODE_VARIANT", "") or "auto"
     variant = choose_variant(kp.fmt.kind, vp.fmt.kind, variant)
 
     int4 = "int4" in (kp.fmt.kind, vp.fmt.kind)
@@ -657,6 +726,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         splits = num_splits or ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, 64, dev, 1, D)
         least = RING_MIN_TOKENS if ring_splits and splits == ring_splits else FRAG_MIN_TOKENS
         variant = "frag" if split_len(splits) >= least else fallback_variant(kp.fmt.kind)
+    if variant == "imma" and asked == "auto" and TWO_PART and two_part_head("dot", kp, vp):
+        # head dims 80 / 96: "dot" with the head in two parts beats "imma" padded to 128 (session 31, H200, 32 x 32
+        # heads, per layer: int8 78.7 -> 63.1 us at head dim 80, 80.6 -> 69.4 at 96; int8-static 74.4 -> 58.0)
+        variant = "dot"
     if variant in ("frag", "fragt"):  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
@@ -750,6 +823,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         options["maxnreg"] = SMALL_HEAD_MAXNREG  # the programs an SM holds, as `choose_num_splits` counts them
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
+    d_b = two_part_head(variant, kp, vp) if TWO_PART else 0
+    if d_b:
+        options["D_B"] = d_b
     args = [q_in, q_in.stride(0), q_in.stride(1), qsl, metadata.seq_lens, bt, bt.stride(0)]
     kernel = {"frag": _frag_decode_kernel, "fragt": _fragt_decode_kernel}.get(variant, _decode_kernel)
     args += [*k_t, *v_t, out, out.stride(0), out.stride(1), po, pml, float(scale) * _LOG2E, tokens_per_split]
