@@ -20,6 +20,9 @@ with int8 K codes fed to an int8 MMA: q split into two int8 parts, `split_q_int8
 Gluon: codes loaded straight into the MMA fragment layout; where its grid holds <= 4 programs per SM, 8-bit
 tiles copied a tile ahead through a cp.async ring in shared memory, `decode_plan.choose_ring_splits`) and
 "fragt" (`decode_frag` with both products transposed, the query heads as the MMA's n = 8).
+Head dims that are not powers of two: "dot" takes a head of 8-bit codes as two parts, D_PAD / 2 channels and
+the rest padded to a power of two (80 = 64 + 16, 96 = 64 + 32: `two_part_head`; "auto" prefers it to "imma"
+there), and int4 keeps its two nibble halves, each padded (40 -> 64 channels at head dim 80).
 All write the same partials for `_merge_kernel` (or merge them in their epilogue).
 Shared host-side heuristics and the `DecodePlan` live in `decode_plan`; `plan_decode` and the
 public launcher `decode_paged_attention` are here. (Sessions 3-5 also had "fma", CUDA-core dot
@@ -153,8 +156,8 @@ def _load_int4(codes_ptr, scales_ptr, zeros_ptr, c_row, s_row, nmask, D: tl.cons
     else:  # chunks: each half cut into chunks of C channels (the largest power of two dividing both the half and the
         # group), each inside one group, whose parameters load once a chunk and broadcast over it (head dim 80, groups
         # of 16: 8-channel chunks, 5 a half; head dim 96, groups of 32: 16-channel chunks, 3 a half). They had been
-        # loaded per channel (head dim 80: 4.7x bf16's decode time, now ~1.06x; session 31), or selected per half
-        # (head dim 96: the same time as the chunks, 102 us a layer at 32 x 32 heads x 8 x 4096)
+        # loaded per channel (head dim 80: 4.7x bf16's decode time, now ~1.07x; session 31), or selected per half
+        # (head dim 96: 102 us a layer at 32 x 32 heads x 8 x 4096, the chunks with 64-token tiles 85)
         C: tl.constexpr = G if HALF % G == 0 else HALF & (0 - HALF)
         NCH: tl.constexpr = HALF_PAD // C
         k = tl.arange(0, NCH)

@@ -38,7 +38,7 @@ def int4_group_path(fmt) -> str | None:
         with --int4-group-size 64 / 128 had gathered them per channel, 2.2x groups of 32's time, session 30);
     "chunk": groups straddle the halves (head dims 80 and 96): each half in chunks of the largest power of two
         dividing the half and the group, each chunk's group parameters loaded once a token (session 31: head dim 80
-        had loaded them per channel, 4.7x bf16's decode time, now ~1.06x);
+        had loaded them per channel, 4.7x bf16's decode time, now ~1.07x);
     None for other kinds."""
     if fmt.kind != "int4":
         return None
