@@ -304,7 +304,8 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     int4 K and V, or 8-bit codes on both sides (asked for only: session 19 measured it no faster than "frag" / "imma"); asked for on int4
     beside an 8-bit side it means "frag").
     `plan_decode` also falls back outside frag's head-dim / group / block scope; the fallback is
-    "imma" for int8 K, else "dot" (`fallback_variant`). int4 on one side only takes "frag" only when
+    "imma" for int8 K, else "dot" (`fallback_variant`), and "auto" takes "dot" over "imma" at head dims that are not
+    powers of two (`decode_attention.two_part_head`). int4 on one side only takes "frag" only when
     asked for (session 16: no faster than "dot", results/attention_s16).
     Returns the variant, or "frag?" ("auto" on 8-bit K and V: `plan_decode` decides between "frag"
     and the fallback once it knows the split length)."""
