@@ -15,13 +15,15 @@ RUNS = {"bf16": [("default", True, {})],
         "int8-static": [("default", True, {}), ("dot two-part", True, {"variant": "dot"})],
         "fp8_e4m3": [("default", True, {}), ("padded", False, {}), ("two-part bn32", True, {"block_n": 32})],
         "fp8_e5m2": [("default", True, {}), ("padded", False, {})],
-        "int4": [("default", True, {})]}
+        "int4": [("default", True, {}), ("padded", False, {})]}
 for d in (80, 96):
     for bc in os.environ.get("SHAPES", "8x4096,1x32768").split(","):
         b, ctx = map(int, bc.split("x"))
         shape = Shape(f"32/32/D{d}-{bc}", b, ctx, 32, 32, d)
         base = None
         for fmt, runs in RUNS.items():
+            if os.environ.get("FMTS") and fmt not in os.environ["FMTS"].split(","):
+                continue
             cases = [make_case(fmt, shape, dev, gen) for _ in range(8)]
             scale = d ** -0.5
             for name, two, kw in runs:
