@@ -296,33 +296,31 @@ def _attend_tile(
         pd = p.to(V_DT)
         acc_a = acc_a * alpha[:, None] + _dot(pd, v_lo, V_DT)
         acc_b = acc_b * alpha[:, None] + _dot(pd, v_hi, V_DT)
-    elif D_B > 0:
-        v_a = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D_PAD // 2, D_PAD // 2, FAST)
-        v_b = _load_raw(vc_ptr, vc_row + D_PAD // 2, nmask, V_FMT, D - D_PAD // 2, D_B, FAST)
-        if VTOK:  # as below
-            vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
-            vmax = tl.max(vs, axis=0)
-            vmax = tl.where(vmax > 0, vmax, 1.0)
-            pd = (p * (vs * (1.0 / vmax))[None, :]).to(V_DT)
-            vf = vmax * V_FACTOR
-            acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT) * vf
-            acc_b = acc_b * alpha[:, None] + _dot(pd, v_b, V_DT) * vf
-        else:
-            pd = p.to(V_DT)
-            acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT)
-            acc_b = acc_b * alpha[:, None] + _dot(pd, v_b, V_DT)
     else:
-        v = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
+        if D_B > 0:
+            v_a = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D_PAD // 2, D_PAD // 2, FAST)
+            v_b = _load_raw(vc_ptr, vc_row + D_PAD // 2, nmask, V_FMT, D - D_PAD // 2, D_B, FAST)
+        else:
+            v_a = _load_raw(vc_ptr, vc_row, nmask, V_FMT, D, D_PAD, FAST)
+            v_b = v_a
         if VTOK:
             # fold the per-token V scale into p (normalised by the tile's largest scale, so fp16 p
             # keeps its range), and the tile scale into the [GROUP, D] product
             vs = tl.load(vs_ptr + vs_row, mask=nmask, other=0.0).to(tl.float32)
             vmax = tl.max(vs, axis=0)
             vmax = tl.where(vmax > 0, vmax, 1.0)
-            pv = _dot((p * (vs * (1.0 / vmax))[None, :]).to(V_DT), v, V_DT) * (vmax * V_FACTOR)
+            pd = (p * (vs * (1.0 / vmax))[None, :]).to(V_DT)
+            if D_B > 0:
+                vf = vmax * V_FACTOR
+                acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT) * vf
+                acc_b = acc_b * alpha[:, None] + _dot(pd, v_b, V_DT) * vf
+            else:
+                acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT) * (vmax * V_FACTOR)
         else:
-            pv = _dot(p.to(V_DT), v, V_DT)
-        acc_a = acc_a * alpha[:, None] + pv
+            pd = p.to(V_DT)
+            acc_a = acc_a * alpha[:, None] + _dot(pd, v_a, V_DT)
+            if D_B > 0:
+                acc_b = acc_b * alpha[:, None] + _dot(pd, v_b, V_DT)
     return m_i, l_i, acc_a, acc_b
 
 
