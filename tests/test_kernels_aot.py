@@ -584,10 +584,10 @@ def test_int4_decode_loads_group_parameters_once_a_token():
     static check (sm_90 SASS)."""
     got = sass_in_subprocess("int4-decode-sass")
     for name, c in got.items():
-        # a 32-token tile of one warp: one two-byte load a token, group parameter (head dim 80: 8-channel chunk,
-        # 5 a half, 60 in all) and side per lane (x2: the loop's peeled first tile); the per-channel gathers had
-        # issued 344-800
-        assert c["block_n"] == 32 and c["params"] <= 64, (name, c)
+        # a 32-token tile of one warp: one two-byte load a token, group parameter and side per lane (x2: the
+        # loop's peeled first tile); head dim 80 one per 8-channel chunk: 4 a half in the halves' first 32
+        # channels and 2 in the third tile (`int4_parts`), 68 in all; the per-channel gathers had issued 344-800
+        assert c["block_n"] == 32 and c["params"] <= (72 if "/80/" in name else 64), (name, c)
         assert c["bytes"] == 0, (name, c)  # head dim 80, before session 31: 256
         assert c["spills"] <= 16, (name, c)  # (one group a head at 128 registers: 10; the gathers: ~1,000)
         if name.endswith(("/64/g32", "/64/g64")) and c["regs"] is not None:

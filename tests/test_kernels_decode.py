@@ -971,8 +971,9 @@ def test_decode_head_dims(D, block_size):
 @pytest.mark.parametrize("D,group_size", [(80, 16), (96, 32), (96, 16)])
 def test_decode_int4_chunks(D, group_size):
     """Head dims 80 and 96: groups straddle the nibble halves, and each half's chunks take their group's parameters
-    (`int4_group_path` "chunk"); head dim 80's 40-byte code rows load 8 bytes at a time. Odd lengths (masked last
-    tiles), 1 and 3 splits, int4 on both sides and beside int8, the default 64-token tiles and 32."""
+    (`int4_group_path` "chunk"); head dim 80's 40-byte code rows load 8 bytes at a time; each half's first 32
+    channels and the rest of both halves as a third tile (`int4_parts`). Odd lengths (masked last tiles), 1 and 3
+    splits, int4 on both sides and beside int8, the default 64-token tiles and 32."""
     from kvpack.kernels.decode_plan import INT4_GROUP_PATHS, _side_args
 
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
@@ -983,6 +984,9 @@ def test_decode_int4_chunks(D, group_size):
         assert _side_args(lc.v)[1][3] == INT4_GROUP_PATHS.index("chunk")
         plan = plan_decode(q, lc, meta, scale, num_splits=splits, block_n=block_n)
         assert plan.args[plan.kernel.arg_names.index("BLOCK_N")] == (block_n or 64)
+        # in parts: 40 = 32 + 8 channels a half (a 16-wide third tile), 48 = 32 + 16 (32 wide)
+        assert plan.options["V4P"] == 2 * (D // 2 - 32) and plan.options.get("K4P", 0) == (
+            plan.options["V4P"] if k_name == "int4" else 0), plan.options
         ref = reference.paged_attention(q, lc, meta, scale).float()
         out = decode_paged_attention(q, lc, meta, scale, num_splits=splits, block_n=block_n).float()
         err = ((out - ref).abs() - RTOL * ref.abs()).max().item()
