@@ -152,6 +152,31 @@ def test_gqa_and_head_dims(hq, hkv, head_dim):
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
 
 
+@pytest.mark.parametrize("head_dim", [80, 96, 48])
+@pytest.mark.parametrize("k_name,v_name,dtype,workspace", [
+    ("float16", "float16", torch.float16, False), ("float32", "float32", torch.float32, False),
+    ("fp8_e4m3", "int8", torch.bfloat16, False), ("int8", "int4", torch.float16, True),
+    ("int4", "fp8_e5m2", torch.bfloat16, True)])
+def test_two_part_head(k_name, v_name, dtype, workspace, head_dim):
+    """Head dims that are not powers of two: channels [0, D_PAD / 2) and the rest padded to D_B, two dots and two
+    accumulators (`prefill_launch.two_part_head`), on 16-bit caches, 8-bit sides dequantized in the kernel (bf16
+    q: the power-of-two rescale over both parts), and workspaces (int4 included: its sides are 16-bit there);
+    the mixed batch (masked diagonal tiles, decodes, a chunk on a prefix) against the reference."""
+    from kvpack.kernels.prefill_launch import two_part_head
+    from kvpack.formats.base import FMT_FLOAT, FMT_INT8, FMT_INT4
+
+    d_b = two_part_head(head_dim, FMT_FLOAT, FMT_FLOAT, False)
+    assert d_b == {80: 16, 96: 32, 48: 16}[head_dim]
+    assert two_part_head(head_dim, FMT_INT4, FMT_FLOAT, False) == 0 and two_part_head(head_dim, FMT_INT8, FMT_FLOAT, True) == 0
+    assert two_part_head(64, FMT_FLOAT, FMT_FLOAT, False) == 0 and two_part_head(128, FMT_INT8, FMT_INT8, False) == 0
+    out, ref = run_case(k_name, v_name, head_dim=head_dim, dtype=dtype, workspace=workspace, hq=6, hkv=2,
+                        q_scale=3e4 if dtype == torch.bfloat16 else 1.0, seed=head_dim, **MIXED)
+    tol = TOL[dtype] if dtype != torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
+    if dtype == torch.bfloat16:  # |q| ~ 1e5: scores of ~1e5, a near one-hot softmax
+        assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, **tol)
+
+
 def test_head_dim_256_int4_rotation_outside_the_kernel():
     out, ref = run_case("int4", "int4", head_dim=256, hq=2, hkv=1, dtype=torch.bfloat16,
                         q_lens=(9, 1), seq_lens=(30, 17))
@@ -308,15 +333,13 @@ def test_workspace_matches_reference(k_name, v_name, static):
 @pytest.mark.parametrize("k_name,v_name", [("int4", "fp8_e4m3"), ("fp8_e5m2", "int4"), ("int8", "fp8_e5m2")])
 @pytest.mark.parametrize("head_dim", [64, 80])
 def test_workspace_centered_and_rotated(k_name, v_name, head_dim):
-    """Centered, rotated sides: the workspace undoes the rotation (and adds V's mean back) where it
-    can (8-bit kinds, int4 at a power-of-two head dim), else q and the output are rotated around the
-    kernel as for the fused path; both against the reference."""
+    """Centered, rotated sides: the workspace undoes the rotation (and adds V's mean back), against the
+    reference."""
     from kvpack.kernels.prefill_workspace import can_unrotate
 
     out, ref = run_case(k_name, v_name, head_dim=head_dim, workspace=True, means=True, **MIXED)
     torch.testing.assert_close(out, ref, **TOL[torch.float16])
-    fmt = resolve_format("int4", head_dim=head_dim)
-    assert can_unrotate(fmt) == (head_dim == 64)
+    assert can_unrotate(resolve_format("int4", head_dim=head_dim))  # 80: groups of 16 tile 128 (session 32)
     assert can_unrotate(resolve_format("fp8_e4m3", head_dim=head_dim))
     assert not can_unrotate(resolve_format("int8", head_dim=head_dim))  # nothing to undo
 
@@ -366,7 +389,7 @@ def test_workspace_values(name, static, ws_dtype):
     else:
         assert torch.equal(got, want.to(ws_dtype).float())
     assert torch.equal(v_ws.codes, k_ws.codes)
-    if fmt.rotate and fmt.kind != "int4":  # D = 80 here: int4 cannot undo its rotation, 8-bit kinds can
+    if fmt.rotate and fmt.kind != "int4":  # (int4 un-rotated: test_workspace_unrotated_values)
         mean = torch.randn(hkv, d, generator=gen).to(DEV)
         k_un, v_un = dequantize_to_workspace(pool, pool, src.to(DEV), 3, ws_dtype, unrotate_k=True,
                                              unrotate_v=True, v_mean=mean)
@@ -379,11 +402,12 @@ def test_workspace_values(name, static, ws_dtype):
 @pytest.mark.parametrize("ws_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name,head_dim,group,bs", [("int4", 32, 32, 16), ("int4", 64, 32, 16), ("int4", 128, 32, 16),
                                                     ("int4", 128, 128, 32), ("int4", 256, 64, 16),
+                                                    ("int4", 80, 16, 16), ("int4", 96, 32, 16), ("int4", 96, 16, 32),
                                                     ("fp8_e4m3", 128, 32, 16), ("fp8_e5m2", 80, 32, 16)])
 def test_workspace_unrotated_values(name, head_dim, group, bs, ws_dtype):
     """Rotated sides un-rotated in the workspace (the path prefill takes: int4 at power-of-two head
-    dims, FP8 at any), bit for bit: the reference's float32 dequantization (int4: code * s + m, groups
-    of 32 to 128 channels, 1 to 4 a head), its Hadamard butterflies (`hadamard_transform`: x @ R,
+    dims and at 80 / 96, padded to 128 there, FP8 at any), bit for bit: the reference's float32 dequantization
+    (int4: code * s + m, groups of 16 to 128 channels, 1 to 6 a head), its Hadamard butterflies (`hadamard_transform`: x @ R,
     R @ R = I), V's mean added, one rounding to the workspace dtype."""
     from kvpack.kernels.prefill_workspace import can_unrotate, dequantize_to_workspace
 

@@ -8,8 +8,9 @@ sync, a grid that depends only on T and B) and walk KV tiles of BLOCK_N tokens t
 table up to the causal limit of their tile: first the tiles every row sees whole (no masks), then
 the diagonal ones (masked).
 
-Head dims that are not powers of two (80, 96) are padded to the next one with masks; every
-format yields one full-width tile, so each product is one dot.
+Head dims that are not powers of two (80, 96): 16-bit and 8-bit sides run in two parts, channels [0, D_PAD / 2)
+and the rest padded to D_B (80 = 64 + 16, 96 = 64 + 32: two dots for the scores, two accumulators;
+`prefill_launch.two_part_head`); int4 sides read in the kernel and int8 MMAs pad the head to D_PAD with masks.
 
 Numerics: accumulation is fp32 and the online softmax runs in fp32 with exp2. Dot operands:
 a 16-bit float cache side uses its own dtype (bf16 cache: bf16 q and p); a quantized side uses
@@ -141,16 +142,17 @@ def _widen(g, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, DT: tl.constexpr):
 def _load_kv_tile(codes_ptr, code_off, n_mask, s0, s1, z0, z1,
                   FMT: tl.constexpr, TOKEN_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr,
                   D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr,
-                  DT: tl.constexpr):
+                  DT: tl.constexpr, C0: tl.constexpr = 0):
     """Load BLOCK_N tokens of one kv head as a [BLOCK_N, D_PAD] tile in DT (the side's operand
     dtype: fp16 for quantized formats, fp32 under F32); s0, s1, z0, z1 from `_tile_scales`.
+    Not int4: channels [C0, C0 + D_PAD) (a part of a head in two, `two_part_head`), masked at HEAD_DIM.
 
     code_off: [BLOCK_N] int64 element offsets of each token's codes. Codes become exact DT values
     with integer ops; per-token scales (and int4 zeros) are applied in DT (one rounding, as from
     fp32). Returns (x, c): the tile's values are x * c, c a constant (1.0, or the fp8 factor when
     the format has no per-token scale to carry it).
     """
-    d = tl.arange(0, D_PAD)
+    d = C0 + tl.arange(0, D_PAD)
     col = 1.0
     if FMT == K_FMT_INT4:
         # byte j holds channel j (low nibble) and channel j + D/2 (high): decode both halves of
@@ -167,7 +169,7 @@ def _load_kv_tile(codes_ptr, code_off, n_mask, s0, s1, z0, z1,
         x = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_N, D_PAD))
     else:
         msk = (d < HEAD_DIM)[None, :] & n_mask[:, None]
-        x = _ld(codes_ptr + code_off[:, None] + d[None, :], msk, 0, MASK_N or (HEAD_DIM != D_PAD))
+        x = _ld(codes_ptr + code_off[:, None] + d[None, :], msk, 0, MASK_N or (HEAD_DIM != C0 + D_PAD))
         if FMT == K_FMT_INT8:
             x = int8_to_f16(x)  # exact, packed byte permutes
         if FMT == K_FMT_FP8E4M3 or FMT == K_FMT_FP8E5M2:
@@ -218,8 +220,11 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
             K_GS: tl.constexpr, V_GS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
             MASKED: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr, F32: tl.constexpr,
-            CARRY: tl.constexpr, QK8: tl.constexpr, q_lo, q_s):
+            CARRY: tl.constexpr, QK8: tl.constexpr, q_lo, q_s, D_B: tl.constexpr, q_b, acc_b):
     """One KV tile [n0, n0 + BLOCK_N) of the online softmax (MASKED: causal + length masks).
+
+    D_B > 0 (a head in two parts, `prefill_launch.two_part_head`): q / acc hold channels [0, D_PAD / 2) and
+    q_b / acc_b the next D_B (the last HEAD_DIM - D_PAD / 2 of them real); else acc_b is returned as it came.
 
     CARRY: blk and the K/V scale data (`_tile_scales`) are this tile's, and the next tile's are
     returned with the new state: no K/V address depends on a load of the same iteration, so the
@@ -268,6 +273,15 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
             else:
                 ksv = ks0.to(tl.float32)
             s = s * ksv[None, :]
+    elif D_B > 0:
+        k_off = blk * s_kcb + kvh * s_kch + off * s_kct
+        k, k_col = _load_kv_tile(kc_ptr, k_off, n_mask, ks0, ks1, kz0, kz1, K_FMT, K_TOKEN, HEAD_DIM, D_PAD // 2,
+                                 BLOCK_N, MASKED, DT_K)
+        k_b, _ = _load_kv_tile(kc_ptr, k_off, n_mask, ks0, ks1, kz0, kz1, K_FMT, K_TOKEN, HEAD_DIM, D_B,
+                               BLOCK_N, MASKED, DT_K, D_PAD // 2)
+        s = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), F32)
+        s = _dot(q_b, tl.trans(k_b), s, F32)
+        s = s * (k_col * qk_scale)
     else:
         k, k_col = _load_kv_tile(kc_ptr, blk * s_kcb + kvh * s_kch + off * s_kct, n_mask,
                                  ks0, ks1, kz0, kz1, K_FMT, K_TOKEN, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_K)
@@ -284,8 +298,15 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     # v_col is a constant (1 or the fp8 factor): the kernel applies it to the output
-    v, v_col = _load_kv_tile(vc_ptr, blk * s_vcb + kvh * s_vch + off * s_vct, n_mask,
-                             vs0, vs1, vz0, vz1, V_FMT, V_TOKEN, HEAD_DIM, D_PAD, BLOCK_N, MASKED, DT_V)
+    v_off = blk * s_vcb + kvh * s_vch + off * s_vct
+    if D_B > 0:
+        v, v_col = _load_kv_tile(vc_ptr, v_off, n_mask, vs0, vs1, vz0, vz1, V_FMT, V_TOKEN, HEAD_DIM, D_PAD // 2,
+                                 BLOCK_N, MASKED, DT_V)
+        v_b, _ = _load_kv_tile(vc_ptr, v_off, n_mask, vs0, vs1, vz0, vz1, V_FMT, V_TOKEN, HEAD_DIM, D_B,
+                               BLOCK_N, MASKED, DT_V, D_PAD // 2)
+    else:
+        v, v_col = _load_kv_tile(vc_ptr, v_off, n_mask, vs0, vs1, vz0, vz1, V_FMT, V_TOKEN, HEAD_DIM, D_PAD,
+                                 BLOCK_N, MASKED, DT_V)
     if CARRY:  # the next tile's block ids and scale data
         n1 = n0 + BLOCK_N
         blk = _block_ids(bt_row, n1, kv_end, BLOCK_N, BLOCK_SIZE)
@@ -297,7 +318,9 @@ def _attend(acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
             vs_ptr, vz_ptr, _scale_offsets(blk, n1, kvh, s_vsb, s_vsh, s_vst, BLOCK_N, BLOCK_SIZE),
             m1, V_FMT, V_TOKEN, V_GS, HEAD_DIM, D_PAD)
     acc = _dot(p.to(DT_V), v, acc * alpha[:, None], F32)
-    return acc, m_new, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1
+    if D_B > 0:
+        acc_b = _dot(p.to(DT_V), v_b, acc_b * alpha[:, None], F32)
+    return acc, m_new, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1, acc_b
 
 
 @triton.jit
@@ -313,7 +336,7 @@ def _prefill_attn_kernel(
     K_FMT: tl.constexpr, V_FMT: tl.constexpr, K_MODE: tl.constexpr, V_MODE: tl.constexpr,
     K_GS: tl.constexpr, V_GS: tl.constexpr, DT_K: tl.constexpr, DT_V: tl.constexpr,
     Q_SHIFT: tl.constexpr, F32: tl.constexpr, CARRY: tl.constexpr, INTERPRET: tl.constexpr,
-    QK8: tl.constexpr = False,
+    QK8: tl.constexpr = False, D_B: tl.constexpr = 0,
 ):
     # K_MODE / V_MODE: 0 no scales, 1 per-token scales in the cache, 2 static per-head scale.
     # Rotated sides: q arrives as q @ R and the output leaves in the rotated basis (the launcher).
@@ -333,16 +356,27 @@ def _prefill_attn_kernel(
     head = kvh * GROUP + rows % GROUP
     row_ok = (rows < BLOCK_Q * GROUP) & (tok < q_len)
     pos_m = ctx + tok
-    d = tl.arange(0, D_PAD)
+    tl.static_assert(D_B == 0 or not (QK8 or K_FMT == K_FMT_INT4 or V_FMT == K_FMT_INT4), "two parts: no int4, QK8")
+    D_A: tl.constexpr = D_PAD // 2 if D_B > 0 else D_PAD  # q / acc's channels (the first part's)
+    d = tl.arange(0, D_A)
     ch, ok = _channel_of(d, HEAD_DIM, D_PAD, K_FMT == K_FMT_INT4)  # q columns follow K's tile
     q_row = q_ptr + (q_start + tok).to(tl.int64)[:, None] * s_qt + head[:, None] * s_qh
     q = tl.load(q_row + ch[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+    if D_B > 0:  # channels [D_PAD / 2, HEAD_DIM) as the second part, padded to D_B
+        db = D_A + tl.arange(0, D_B)
+        q_b = tl.load(q_row + db[None, :], mask=row_ok[:, None] & (db < HEAD_DIM)[None, :], other=0.0)
+    else:
+        q_b = q
 
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): the softmax runs in base 2
     if Q_SHIFT:  # bf16 q -> fp16 operands: scale by 2^-e (exact) so that |q| stays below 2^15
         qf = q.to(tl.float32)
-        e = tl.maximum(tl.ceil(tl.log2(tl.max(tl.max(tl.abs(qf), 1), 0))) - 15.0, 0.0).to(tl.int32)
+        qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+        if D_B > 0:
+            qmax = tl.maximum(qmax, tl.max(tl.max(tl.abs(q_b.to(tl.float32)), 1), 0))
+        e = tl.maximum(tl.ceil(tl.log2(qmax)) - 15.0, 0.0).to(tl.int32)
         q = qf * ((127 - e) << 23).to(tl.float32, bitcast=True)
+        q_b = q_b.to(tl.float32) * ((127 - e) << 23).to(tl.float32, bitcast=True)
         qk_scale = qk_scale * ((127 + e) << 23).to(tl.float32, bitcast=True)
     if K_MODE == 2:
         qk_scale = qk_scale * tl.load(kss_ptr + kvh)
@@ -353,7 +387,12 @@ def _prefill_attn_kernel(
         q = q.to(DT_K)
         q_lo = q
         q_s = qk_scale
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    q_b = q_b.to(DT_K)
+    acc = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
+    if D_B > 0:
+        acc_b = tl.zeros([BLOCK_M, D_B], dtype=tl.float32)
+    else:
+        acc_b = acc
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -374,23 +413,25 @@ def _prefill_attn_kernel(
         if INTERPRET:  # the CPU interpreter cannot run `range` over tensor bounds (numpy >= 2.4)
             n0 = lo
             while n0 < hi:
-                acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1 = _attend(
+                acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1, acc_b = _attend(
                     acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
                     q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY, QK8, q_lo, q_s)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY, QK8, q_lo, q_s,
+                    D_B, q_b, acc_b)
                 n0 += BLOCK_N
         else:
             for n0 in range(lo, hi, BLOCK_N):
-                acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1 = _attend(
+                acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1, acc_b = _attend(
                     acc, m_i, l_i, blk, ks0, ks1, kz0, kz1, vs0, vs1, vz0, vz1,
                     q, pos_m, n0, kv_end, bt_row, kvh, qk_scale,
                     kc_ptr, ks_ptr, kz_ptr, vc_ptr, vs_ptr, vz_ptr,
                     s_kcb, s_kch, s_kct, s_ksb, s_ksh, s_kst, s_vcb, s_vch, s_vct, s_vsb, s_vsh, s_vst,
                     K_FMT, V_FMT, K_MODE == 1, V_MODE == 1, K_GS, V_GS, HEAD_DIM, D_PAD,
-                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY, QK8, q_lo, q_s)
+                    BLOCK_M, BLOCK_N, BLOCK_SIZE, phase == 1, DT_K, DT_V, F32, CARRY, QK8, q_lo, q_s,
+                    D_B, q_b, acc_b)
 
     inv_l = 1.0 / l_i
     if V_MODE == 2:
@@ -399,5 +440,8 @@ def _prefill_attn_kernel(
         inv_l = inv_l * fp8_f16_factor(V_FMT)
     ch, ok = _channel_of(d, HEAD_DIM, D_PAD, V_FMT == K_FMT_INT4)  # acc columns follow V's tile
     o = acc * inv_l[:, None]
-    o_ptrs = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh + ch[None, :]
-    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & ok[None, :])
+    o_row = o_ptr + (q_start + tok).to(tl.int64)[:, None] * s_ot + head[:, None] * s_oh
+    tl.store(o_row + ch[None, :], o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & ok[None, :])
+    if D_B > 0:
+        tl.store(o_row + db[None, :], (acc_b * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (db < HEAD_DIM)[None, :])

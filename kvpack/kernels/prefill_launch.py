@@ -15,7 +15,7 @@ import torch
 import triton.language as tl
 
 from kvpack.config import KVPackError
-from kvpack.formats import FMT_FLOAT, FMT_INT8
+from kvpack.formats import FMT_FLOAT, FMT_INT4, FMT_INT8
 from kvpack.kernels.quant import INTERPRET, next_pow2
 from kvpack.kernels.rotate import rotate_heads
 
@@ -137,6 +137,24 @@ def _use_qk8(k_fmt: int, k_mode: int, dtype: torch.dtype, block_n: int = 64, blo
     return k_mode == 2 or block_n % block_size == 0
 
 
+# a head dim that is not a power of two runs in two parts (`two_part_head`); KVPACK_PREFILL_TWO_PART=0: padded to
+# the next power of two, for measuring
+TWO_PART = os.environ.get("KVPACK_PREFILL_TWO_PART", "1") != "0"
+
+
+def two_part_head(head_dim: int, k_fmt: int, v_fmt: int, qk8: bool) -> int:
+    """The kernel's D_B: the width of the second part where a head dim that is not a power of two runs in two
+    parts, channels [0, D_PAD / 2) and the next D_B (the rest, padded to a power of two, >= 16: 80 = 64 + 16,
+    96 = 64 + 32), two dots for the scores and two accumulators, instead of one tile padded to D_PAD; else 0.
+    Not for int4 sides read in the kernel (their nibble-half columns) nor int8 MMAs (QK8); a workspace's sides are
+    16-bit. Padded, a head of 80 or 96 had cost as much as one of 128 (H200, 32 x 32 heads, a 2048-token chunk on
+    an 8192 prefix, bf16: 1102 / 1091 us, 1.43x / 1.49x SDPA flash; session 32)."""
+    d_pad = next_pow2(head_dim)
+    if not TWO_PART or head_dim == d_pad or head_dim < 32 or qk8 or FMT_INT4 in (k_fmt, v_fmt):
+        return 0
+    return max(16, next_pow2(head_dim - d_pad // 2))
+
+
 def prefill_paged_attention(
     q: torch.Tensor,
     layer_cache: LayerKVCache,
@@ -223,6 +241,7 @@ def prefill_paged_attention(
     carry = cfg.carry_block_ids
     if carry is None:
         carry = k_fmt != FMT_FLOAT and v_fmt != FMT_FLOAT
+    qk8 = _use_qk8(k_fmt, k_mode, dtype, cfg.block_n, kp.block_size)
     grid = (tile_seq.numel(), Hkv)
     from kvpack.kernels.prefill_attention import _prefill_attn_kernel  # lazy: that module re-exports this one
     _prefill_attn_kernel[grid](
@@ -236,7 +255,7 @@ def prefill_paged_attention(
         DT_K=_DOT_DTYPES[dt_k], DT_V=_DOT_DTYPES[dt_v],
         Q_SHIFT=dt_k == torch.float16 and q_in.dtype != torch.float16,
         F32=dtype == torch.float32, CARRY=carry, INTERPRET=INTERPRET,
-        QK8=_use_qk8(k_fmt, k_mode, dtype, cfg.block_n, kp.block_size),
+        QK8=qk8, D_B=two_part_head(D, k_fmt, v_fmt, qk8),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if o is not out:

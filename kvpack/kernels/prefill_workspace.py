@@ -10,9 +10,9 @@ block tables (results/prefill_s7).
 
 Values: int8 and FP8 codes decode exactly, times their scale (per-token or static), in float32;
 int4 is code * s + m. A rotated side is rotated back there (x @ R again, the storage butterflies:
-R @ R = I) where `can_unrotate` says so, and a centered V gets its mean back, so that neither q nor
-the output is rotated around the kernel (int4 at head dims 80 / 96 keeps its rotation, and the
-launcher rotates q and the output as for the fused path). Each value is then rounded once to the
+R @ R = I) where `can_unrotate` says so (int4 at head dims 80 / 96 too since session 32), and a centered V gets its mean
+back, so that neither q nor the output is rotated around the kernel (where it cannot, the launcher rotates q and
+the output as for the fused path). Each value is then rounded once to the
 workspace dtype (int4 without un-rotation: code * s + m in float16 arithmetic first, as the fused
 kernel's tiles). Float sides are copied as stored. A bf16 workspace (bf16 models) rounds each value
 to 2^-9 relative: next to int8's step (absmax / 127) that adds ~1.5 % to the RMS error of an int8
@@ -58,7 +58,7 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_
     dm = (d < D)[None, :]
     if FMT == K_FMT_INT4:  # byte j: channel j (low nibble), channel j + D/2 (high)
         HALF: tl.constexpr = D // 2
-        if ROT:  # D a power of two (`can_unrotate`): whole rows in channel order, as the 8-bit kinds
+        if ROT:  # whole rows in channel order, as the 8-bit kinds (`can_unrotate`)
             # Channel c is byte c % (D/2), its low nibble below D/2 and its high one above (each byte
             # loaded twice, the second time from L1); each token's group parameters load as [BS, D/GS]
             # and broadcast over the groups' channels. Gathered per channel instead (as the path
@@ -66,19 +66,21 @@ def _dequant_side(src, w, h, codes_ptr, scales_ptr, zeros_ptr, static_ptr, mean_
             # sm_90 SASS 156 LDS / 161 STS / 25 BAR, against FP8's 8 / 4 / 5 and now int4's 8 / 4 / 5.
             # Measured on an H200 (session 14, 10k tokens of 8 kv heads, one layer): FP8 33 us; int4
             # 370 us with the gather (rows or halves joined), 290 us on halves, 150 us as a tensor-core
-            # x @ H. This form has not run on a GPU yet.
-            b2 = tl.load(c_row[:, None] + (d % HALF)[None, :])
+            # x @ H. Head dims 80 / 96 (D_PAD 128): the padding channels get scale and zero 0, so they are 0 and
+            # fill Hadamard blocks of their own (HB divides D).
+            b2 = tl.load(c_row[:, None] + (d % HALF)[None, :], mask=dm, other=0)
             code = tl.where((d < HALF)[None, :], b2 & 15, b2 >> 4)
-            NG: tl.constexpr = D // GS
+            NG: tl.constexpr = D_PAD // GS
             gi = tl.arange(0, NG)
-            sc = tl.load(scales_ptr + s_row[:, None] + gi[None, :]).to(tl.float32)
-            zc = tl.load(zeros_ptr + s_row[:, None] + gi[None, :]).to(tl.float32)
+            gm = (gi < D // GS)[None, :]
+            sc = tl.load(scales_ptr + s_row[:, None] + gi[None, :], mask=gm, other=0.0).to(tl.float32)
+            zc = tl.load(zeros_ptr + s_row[:, None] + gi[None, :], mask=gm, other=0.0).to(tl.float32)
             x = tl.reshape(code.to(tl.float32), (BS, NG, GS)) * sc[:, :, None] + zc[:, :, None]
-            x = tl.reshape(x, (BS, D))
-            x = _hadamard(x, BS, D, HB, NORM)
+            x = tl.reshape(x, (BS, D_PAD))
+            x = _hadamard(x, BS, D_PAD, HB, NORM)
             if ADD_MEAN:
-                x = x + tl.load(mean_ptr + h * D + d)[None, :]
-            tl.store(w_row[:, None] + d[None, :], _round_to(x, ws_ptr.dtype.element_ty))
+                x = x + tl.load(mean_ptr + h * D + d, mask=d < D, other=0.0)[None, :]
+            tl.store(w_row[:, None] + d[None, :], _round_to(x, ws_ptr.dtype.element_ty), mask=dm)
         else:
             j = tl.arange(0, D_PAD // 2)
             jm = (j < HALF)[None, :]
@@ -143,10 +145,11 @@ _MODES = {"none": 0, "token": 1, "static": 2}
 
 def can_unrotate(fmt) -> bool:
     """Whether the workspace can store a rotated side un-rotated (x @ R again: R @ R = I): any
-    rotated 8-bit kind; int4 when the head dim is a power of two (its nibble halves then hold whole
-    Hadamard blocks)."""
+    rotated 8-bit kind; int4 when its groups tile the head padded to a power of two (head dims 64 / 128 / 256,
+    and 80 / 96 padded to 128 with groups of 16 or 32: session 32; before, int4 at 80 / 96 kept its rotation
+    and the launcher rotated q and the output around the kernel, 1.11-1.22x bf16's prefill time on an H200)."""
     d = fmt.head_dim
-    return fmt.rotate and (fmt.kind != "int4" or d & (d - 1) == 0)
+    return fmt.rotate and (fmt.kind != "int4" or (d % fmt.group_size == 0 and next_pow2(d) % fmt.group_size == 0))
 
 
 def _side(pool: CachePool, num_blocks: int, ws_dtype: torch.dtype, unrotate: bool,
