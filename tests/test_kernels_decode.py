@@ -1020,7 +1020,8 @@ def test_decode_two_part_head(D):
     q, lc, meta = build_case("int4", "int8", [9], 8, 2, D, 16)
     assert da.two_part_head("dot", lc.k, lc.v) == 0  # int4 keeps its halves
     q, lc, meta = build_case("bfloat16", "bfloat16", [9], 8, 2, D, 16)
-    assert da.two_part_head("dot", lc.k, lc.v) == 0  # 16-bit: memory-bound, padded
+    # 16-bit: 96 = 64 + 32 (H200, bf16, 8 x 4096: 114.4 -> 104.3 us a layer), 80 padded (32 x 2048: 169.7 -> 181.0)
+    assert da.two_part_head("dot", lc.k, lc.v) == (32 if D == 96 else 0)
 
 
 @pytest.mark.parametrize("k_name,v_name", [("bfloat16", "bfloat16"), ("int4", "bfloat16")])

@@ -20,7 +20,7 @@ with int8 K codes fed to an int8 MMA: q split into two int8 parts, `split_q_int8
 Gluon: codes loaded straight into the MMA fragment layout; where its grid holds <= 4 programs per SM, 8-bit
 tiles copied a tile ahead through a cp.async ring in shared memory, `decode_plan.choose_ring_splits`) and
 "fragt" (`decode_frag` with both products transposed, the query heads as the MMA's n = 8).
-Head dims that are not powers of two: "dot" takes a head of 8-bit codes as two parts, D_PAD / 2 channels and
+Head dims that are not powers of two: "dot" takes a head of 8-bit codes (and of bf16 at 96) as two parts, D_PAD / 2 channels and
 the rest padded to a power of two (80 = 64 + 16, 96 = 64 + 32: `two_part_head`; "auto" prefers it to "imma"
 there), and int4 loads each nibble half's first 32 channels as before and the rest of both halves as a third,
 interleaved tile (40 = 32 + 8 a half, a 16-wide tile, at head dim 80; 48 = 32 + 16 at 96: `int4_parts`; H200, 32 x 32
@@ -730,10 +730,14 @@ def two_part_head(variant: str, kp, vp) -> int:
     8-bit codes on one side at least, neither int4, K through fp16 dots (not "imma"), each part whole Hadamard
     blocks where a side rotates (80 = 64 + 16, blocks of 16; 96 = 64 + 32, blocks of 32). A head of 80 padded to
     128 had spent 128 channels' work on each token: int8 and FP8 decoded 32 x 32 heads x 8 x 4096 in about the same
-    time at head dims 80 and 96 (78.7-95.5 us a layer; bf16 88.6 / 114.7, session 31)."""
+    time at head dims 80 and 96 (78.7-95.5 us a layer; bf16 88.6 / 114.7, session 31). 16-bit caches only where the
+    second part is >= 32 wide (head dim 96; H200, bf16, per layer, side by side: 8 x 4096 114.4 -> 104.3 us, 32 x
+    2048 215.8 -> 199.8; at 80 a 16-wide part was 2.5 % faster at 8 x 4096 and 6.7 % slower at 32 x 2048, session 32,
+    results/prefill_heads_s32)."""
     d = kp.fmt.head_dim
     d_pad = next_pow2(d)
-    if (variant != "dot" or d == d_pad or "int4" in (kp.fmt.kind, vp.fmt.kind) or kp.fmt.kind == vp.fmt.kind == "float"
+    if (variant != "dot" or d == d_pad or "int4" in (kp.fmt.kind, vp.fmt.kind)
+            or kp.fmt.kind == vp.fmt.kind == "float" and d - d_pad // 2 < 32
             or (kp.fmt.rotate or vp.fmt.rotate) and (d - d_pad // 2) % hadamard_block_size(d)):
         return 0
     return max(16, next_pow2(d - d_pad // 2))

@@ -147,8 +147,10 @@ def two_part_head(head_dim: int, k_fmt: int, v_fmt: int, qk8: bool) -> int:
     parts, channels [0, D_PAD / 2) and the next D_B (the rest, padded to a power of two, >= 16: 80 = 64 + 16,
     96 = 64 + 32), two dots for the scores and two accumulators, instead of one tile padded to D_PAD; else 0.
     Not for int4 sides read in the kernel (their nibble-half columns) nor int8 MMAs (QK8); a workspace's sides are
-    16-bit. Padded, a head of 80 or 96 had cost as much as one of 128 (H200, 32 x 32 heads, a 2048-token chunk on
-    an 8192 prefix, bf16: 1102 / 1091 us, 1.43x / 1.49x SDPA flash; session 32)."""
+    16-bit. Padded, a head of 80 or 96 had cost as much as one of 128. H200, 32 x 32 heads, a 2048-token chunk on
+    0-8192-token prefixes, old and new trees in one call (session 32, results/prefill_heads_s32): bf16 0.953x its
+    time at 80, 0.963-0.969x at 96 (the softmax, not the dots, bounds it there); FP8 dequantized in the kernel
+    0.79-0.82x at 80, 0.87-0.88x at 96."""
     d_pad = next_pow2(head_dim)
     if not TWO_PART or head_dim == d_pad or head_dim < 32 or qk8 or FMT_INT4 in (k_fmt, v_fmt):
         return 0

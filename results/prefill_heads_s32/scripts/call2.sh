@@ -14,6 +14,8 @@ for d in 80 96; do
     rm -f $OUT/pf${d}_$tree/*.png
   done
 done
+timeout 90 python results/prefill_heads_s32/scripts/bf16_parts.py > $OUT/bf16_parts.log 2>&1
+echo "bf16 parts rc $?" >> $OUT/gpu.txt
 timeout 200 python -m pytest -m gpu tests/test_kernels_prefill.py tests/test_kernels_write.py tests/test_cuda_graph.py \
   tests/test_gpu_engine.py tests/test_fused_ops.py tests/test_kernels_rotate.py tests/test_formats_fp8.py -n 14 -q \
   -p no:cacheprovider > $OUT/gpu_other.log 2>&1
