@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from kvpack.attention.metadata import AttentionMetadata
 
 
+# a head dim that is not a power of two runs in two parts (`two_part_head`); KVPACK_PREFILL_TWO_PART=0: padded to
+# the next power of two, for measuring
+TWO_PART = os.environ.get("KVPACK_PREFILL_TWO_PART", "1") != "0"
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """Tiling of one launch: BLOCK_M query rows (tokens x GROUP heads), BLOCK_N keys per step."""
@@ -52,6 +57,12 @@ def pick_tile_config(head_dim: int, device: torch.device, dtype: torch.dtype = t
     if major >= 9:  # Hopper: wgmma over 2 warpgroups x 64 rows
         if d_pad > 128:
             return TileConfig(128, 16, 8, 2) if quantized else TileConfig(64, 32, 8, 2)
+        if not quantized and TWO_PART and head_dim != d_pad and head_dim >= 32:
+            # 16-bit sides in two parts (head dims 80 / 96): 64 rows, 4 warps, block ids and scale data carried.
+            # H200, bf16, 32 x 32 heads, a 2048-token chunk on 2048 / 8192 cached tokens (`bench_prefill.py
+            # --sweep`, session 32): head dim 80 390.9 -> 222.7 / 1031.7 -> 591.4 us against (128, 64, 8, 3),
+            # 96 395.8 -> 279.9 / 1044.4 -> 729.0 (results/prefill_heads_s32/call4)
+            return TileConfig(64, 64, 4, 3, True)
         return TileConfig(128, 64, 8, 3)
     if d_pad > 128:  # Ampere / Ada: mma.sync keeps q and the accumulator in registers
         return TileConfig(32, 16, 4, 2)
@@ -135,11 +146,6 @@ def _use_qk8(k_fmt: int, k_mode: int, dtype: torch.dtype, block_n: int = 64, blo
     if env in ("0", "1"):
         return env == "1"
     return k_mode == 2 or block_n % block_size == 0
-
-
-# a head dim that is not a power of two runs in two parts (`two_part_head`); KVPACK_PREFILL_TWO_PART=0: padded to
-# the next power of two, for measuring
-TWO_PART = os.environ.get("KVPACK_PREFILL_TWO_PART", "1") != "0"
 
 
 def two_part_head(head_dim: int, k_fmt: int, v_fmt: int, qk8: bool) -> int:
