@@ -376,7 +376,8 @@ def _prefill_attn_kernel(
             qmax = tl.maximum(qmax, tl.max(tl.max(tl.abs(q_b.to(tl.float32)), 1), 0))
         e = tl.maximum(tl.ceil(tl.log2(qmax)) - 15.0, 0.0).to(tl.int32)
         q = qf * ((127 - e) << 23).to(tl.float32, bitcast=True)
-        q_b = q_b.to(tl.float32) * ((127 - e) << 23).to(tl.float32, bitcast=True)
+        if D_B > 0:
+            q_b = q_b.to(tl.float32) * ((127 - e) << 23).to(tl.float32, bitcast=True)
         qk_scale = qk_scale * ((127 + e) << 23).to(tl.float32, bitcast=True)
     if K_MODE == 2:
         qk_scale = qk_scale * tl.load(kss_ptr + kvh)
@@ -387,11 +388,11 @@ def _prefill_attn_kernel(
         q = q.to(DT_K)
         q_lo = q
         q_s = qk_scale
-    q_b = q_b.to(DT_K)
     acc = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
     if D_B > 0:
+        q_b = q_b.to(DT_K)
         acc_b = tl.zeros([BLOCK_M, D_B], dtype=tl.float32)
-    else:
+    else:  # unused: `_attend` hands acc_b back as it came
         acc_b = acc
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
