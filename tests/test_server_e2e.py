@@ -132,12 +132,14 @@ def test_disconnect_mid_stream_frees_blocks(server, engine):
     with httpx.stream("POST", url + "/v1/completions", json={
             "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True},
             timeout=60) as r:
-        seen = 0
+        seen = []
         for line in r.iter_lines():
-            seen += line.startswith("data: ")
-            if seen == 2:
+            if line.startswith("data: "):
+                seen.append(line)
+            if len(seen) == 2:
                 break
-        assert engine.num_free_blocks < free0
+        # (the lines in the message: one CI run on 2 busy cores saw the blocks already free, session 32)
+        assert engine.num_free_blocks < free0, (engine.num_free_blocks, free0, seen, engine.stats())
     _wait_idle(ctx, engine)
     assert not engine.has_unfinished_requests()
     # aborted, not run to 200 tokens (a token count, not wall time: the test may share the CPU)
