@@ -279,6 +279,51 @@ def test_decode_fragt_8bit_gpu(k_name, v_name, block_size, splits, Hq, Hkv):
           num_splits=splits, variant="fragt")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
+                                            ("fp8_e5m2", "fp8_e5m2"), ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("Hq,Hkv", [(9, 3), (32, 8), (8, 8)])
+def test_decode_fragt_8bit_head64_gpu(k_name, v_name, block_size, splits, Hq, Hkv):
+    """8-bit codes at head dim 64 in "fragt" (int4's layouts at head dim 128: a lane's 16 K bytes and 8 V bytes a
+    token) against the reference, the plan's own choice ("auto") included: odd lengths, random block tables,
+    split-K, SmolLM2's GQA group of 3, 4 and 1."""
+    from kvpack.kernels.decode_attention import plan_decode
+
+    q, lc, meta = build_case(k_name, v_name, [1, 17, 1000, 4099, 257], Hq, Hkv, 64, block_size, device="cuda")
+    for variant in ("fragt", None):
+        assert plan_decode(q, lc, meta, 0.1, num_splits=splits, variant=variant).variant == "fragt"
+        check(k_name, v_name, [1, 17, 1000, 4099, 257], Hq=Hq, Hkv=Hkv, D=64, block_size=block_size, device="cuda",
+              num_splits=splits, variant=variant or "auto")
+
+
+@pytest.mark.parametrize("k_name,v_name,Hq,asked,auto_on,want", [
+    ("int8", "int8", 9, None, True, "fragt"), ("fp8_e4m3", "fp8_e5m2", 32, None, True, "fragt"),
+    ("int8", "int8", 9, "fragt", False, "fragt"), ("int8", "int8", 9, None, False, "imma"),
+    ("fp8_e4m3", "fp8_e4m3", 9, None, False, "dot"), ("int8", "int8", 72, None, True, "imma"),
+    ("int8", "int8", 72, "fragt", True, "imma"), ("int4", "int4", 9, "fragt", True, "dot"),
+    ("int8", "int8", 9, "frag", True, "imma"), ("int8", "bfloat16", 9, None, True, "imma")])
+def test_fragt_head64_scope(k_name, v_name, Hq, asked, auto_on, want, monkeypatch):
+    """Head dim 64: "fragt" takes 8-bit K and V at GQA groups <= 8, asked for or by "auto" (FRAGT_HEAD64_AUTO);
+    never int4 there, nor "frag" (its layouts are head dim 128's). Its merge is separate (the fused merge is
+    written for 128); its programs take FRAGT_HEAD64_MAXNREG registers, and int8 K goes to fp16 MMAs (K8_F16)."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
+    monkeypatch.setattr(da, "FRAGT_HEAD64_AUTO", auto_on)
+    q, lc, meta = build_case(k_name, v_name, [3000, 9], Hq, 3 if Hq == 9 else 8, 64, 16)
+    plan = da.plan_decode(q, lc, meta, 0.1, variant=asked)
+    assert plan.variant == want
+    if want == "fragt":
+        assert plan.grid[2] > 1 and plan.merge_grid is not None  # split, merged separately
+        assert plan.options["maxnreg"] == da.FRAGT_HEAD64_MAXNREG
+        assert plan.options.get("K8_F16", False) == (k_name == "int8")
+        assert plan.args[plan.kernel.arg_names.index("D")] == 64
+        fused = da.plan_decode(q, lc, meta, 0.1, variant=asked, merge="fused", num_splits=2)
+        assert fused.merge_grid is not None
+
+
 @pytest.mark.parametrize("k_name,v_name,Hq,want", [("int4", "int4", 32, "fragt"), ("int4", "int4", 64, "fragt"),
                                                    ("int4", "int4", 72, "dot"), ("int8", "int4", 32, "imma"),
                                                    ("fp8_e4m3", "fp8_e4m3", 32, "fragt"), ("int8", "int8", 72, "imma"),

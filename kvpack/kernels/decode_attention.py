@@ -95,6 +95,14 @@ INT4_RING_VPAIRS = os.environ.get("KVPACK_INT4_RING_VPAIRS", "1") != "0"
 # and int4's nibble halves of 40 / 48 into 32 + a third tile (`int4_parts`); KVPACK_DECODE_TWO_PART=0: padded, for
 # measuring
 TWO_PART = os.environ.get("KVPACK_DECODE_TWO_PART", "1") != "0"
+# "fragt" takes 8-bit K and V at head dim 64 too (session 33: `decode_frag`'s int4 layouts at head dim 128 hold a
+# token's 64 code bytes), asked for or, with FRAGT_HEAD64_AUTO, by "auto"; KVPACK_FRAGT_HEAD64=0: the fallback ("imma" /
+# "dot") there, for measuring
+FRAGT_HEAD64_AUTO = os.environ.get("KVPACK_FRAGT_HEAD64", "1") != "0"
+# ... int8 K there as fp16 through fp16 MMAs (`decode_frag` K8_F16) rather than int8 MMAs with q in two int8 parts, and
+# the register cap (0: none)
+FRAGT_HEAD64_K8_F16 = True
+FRAGT_HEAD64_MAXNREG = 128
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -797,7 +805,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # int4 in "frag": groups of >= 16 channels; not with int8 K (its int8 MMAs and int4 V spill: sm_90 SASS
     # 96 LDL / 128 STL a program, never run on a GPU)
     int4_out = int4 and (min(kp.fmt.group_size, vp.fmt.group_size) < FRAG_INT4_MIN_GROUP or kp.fmt.kind == "int8")
-    if variant in ("frag", "frag?", "fragt") and (INTERPRET or _frag_decode_kernel is None or D != 128
+    # head dim 64: "fragt" on 8-bit codes only (asked for, or "auto" with FRAGT_HEAD64_AUTO), groups <= 8
+    head64 = D == 64 and not int4 and group <= 8 and (variant == "fragt" or variant == "frag?" and FRAGT_HEAD64_AUTO)
+    if head64:
+        variant = "fragt"
+    if variant in ("frag", "frag?", "fragt") and (INTERPRET or _frag_decode_kernel is None or (D != 128 and not head64)
                                                     or group > (8 if variant == "fragt" else 16)
                                                     or block_size < 8 or int4_out):
         variant = fallback_variant(kp.fmt.kind)  # outside decode_frag's scope (Gluon has no CPU interpreter)
@@ -860,14 +872,15 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # faster at 8 x 8192 and 32 x 4096; in its one-split epilogue 3-7 % slower at 64 x 2048 and 128 x 1024, so
     # with one split the merge kernel rotates its output since session 22: FRAG_ROT_ONE_SPLIT; not with int4
     # on either side, where the rotation made its sm_90 code spill, 55-69 STL / LDL, against none)
-    gluon_rot = GLUON_ROT_Q and hb == 128 and (variant == "fragt" or variant == "frag" and not int4
-                                               and (num_splits > 1 or FRAG_ROT_ONE_SPLIT))
+    gluon_rot = GLUON_ROT_Q and hb == D and D in (64, 128) and (variant == "fragt" or variant == "frag" and not int4
+                                                              and (num_splits > 1 or FRAG_ROT_ONE_SPLIT))
     rot_q = kp.fmt.rotate and (in_kernel_ok(kp.fmt.kind) or gluon_rot)
     post = (vp.fmt.rotate, layer_cache.v_mean) if vp.fmt.rotate or layer_cache.v_mean is not None else None
     v_mean = None if post is None or post[1] is None else \
         post[1].to(device=dev, dtype=torch.float32).contiguous()
     # the split merge fused into the kernel's epilogue (`choose_merge`), or `_merge_kernel` after it
-    fused = choose_merge(num_splits, variant, merge)
+    # (the Gluon kernels' fused merge, `decode_frag._frag_merge_last`, is written for head dim 128)
+    fused = choose_merge(num_splits, variant, merge) and not (variant in ("frag", "fragt") and D != 128)
     cnt = merge_counters(dev, B * Hkv) if fused else None
     fused = cnt is not None
     # "frag" rotating with one split (FRAG_ROT_ONE_SPLIT): q @ R in the kernel, which stores its output as a
@@ -912,6 +925,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     elif (variant in ("dot", "imma") and num_warps == 1 and D <= 64 and not maxnreg
           and not kp.fmt.kind == vp.fmt.kind == "float"):
         options["maxnreg"] = SMALL_HEAD_MAXNREG  # the programs an SM holds, as `choose_num_splits` counts them
+    if variant == "fragt" and D == 64:
+        if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
+            options["K8_F16"] = True
+        if FRAGT_HEAD64_MAXNREG and not maxnreg:
+            options["maxnreg"] = FRAGT_HEAD64_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
     d_b = two_part_head(variant, kp, vp) if TWO_PART else 0

@@ -189,6 +189,7 @@ V_RING = gl.DistributedLinearLayout(
     shape=[8, 8, 128])
 
 
+@gluon.constexpr_function
 def _dims(layout, rank: int, *keep: int):
     """The layout of dimensions `keep` of a rank-`rank` layout (nested slices)."""
     for d in reversed(range(rank)):
@@ -208,6 +209,23 @@ K4S_I, K4S_NL, K4S_T = (_dims(K4_S, 3, d) for d in range(3))
 V4_M = _dims(V4_LOAD, 6, 5)
 V4S_SH = _dims(V4_S, 5, 0, 1)
 V4S_T, V4S_E, V4S_NL = (_dims(V4_S, 5, d) for d in (2, 3, 4))
+# 8-bit codes at head dim 64 ("fragt", session 33): a token's 64 code bytes take int4's layouts at head dim 128 (also
+# 64 bytes a token), K in K4_LOAD [i 8, nl 8, t 4, b 16] (a lane: 16 bytes of each of its tokens), V in V4_LOAD
+# [s 4, h 2, t 4, e 2, nl 8, m 8] (a lane: bytes 8 nl .. 8 nl + 7 of its 16 tokens)
+QT8_LOAD64 = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4], warps_per_cta=[1, 1], order=[1, 0])
+QT_LOAD64 = gl.BlockedLayout(size_per_thread=[2, 8], threads_per_warp=[32, 1], warps_per_cta=[1, 1], order=[0, 1])
+
+
+@gluon.constexpr_function
+def _k8_layout(d: int):
+    """The layout of an 8-bit K tile's codes at head dim d: [i 8, nl 8, t 4, d / 4 bytes]."""
+    return K4_LOAD if d == 64 else K_LOAD
+
+
+@gluon.constexpr_function
+def _v8_layout(d: int):
+    """The layout of an 8-bit V tile's codes at head dim d: [s 4, h 2, t 4, e 2, nl 8, d / 8 bytes]."""
+    return V4_LOAD if d == 64 else V_LOAD
 
 # int4 cp.async ring ("fragt", RING4 > 0; group size 32): a tile's K (or V) codes as [32 token pairs, 128 bytes]
 # (tokens 2 p and 2 p + 1 of the tile, 64 bytes each), 32-byte units swizzled (unit ^ (p % 4)): the copies write
@@ -593,72 +611,81 @@ def _frag_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, vsbuf, slot,
 
 @gluon.jit
 def _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr,
-             MASKED: gl.constexpr):
-    """A 64-token tile's 8-bit K codes in K_LOAD (a lane's 32 bytes of each of its tokens), and the tile's
-    (first token, block, offset) of each 8-token group [8]."""
-    g0 = n0 + gl.arange(0, 8, layout=K_I) * 8  # the first token of each 8-token group
+             MASKED: gl.constexpr, D: gl.constexpr = 128):
+    """A 64-token tile's 8-bit K codes in K_LOAD (a lane's 32 bytes of each of its tokens; head dim D 64: in
+    K4_LOAD, 16 bytes), and the tile's (first token, block, offset) of each 8-token group [8]."""
+    KL: gl.constexpr = _k8_layout(D)
+    g0 = n0 + gl.arange(0, 8, layout=_dims(KL, 4, 0)) * 8  # the first token of each 8-token group
     blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
     if IDX64:
         blk = blk.to(gl.int64)
     goff = g0 & (BLOCK_SIZE - 1)
-    knl = gl.arange(0, 8, layout=K_NL)[None, :, None, None]
+    knl = gl.arange(0, 8, layout=_dims(KL, 4, 1))[None, :, None, None]
     kmask = g0[:, None, None, None] + knl < end
     krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
-    kt = gl.arange(0, 4, layout=K_T)
-    kb = gl.arange(0, 32, layout=K_B)
-    kc = _ld(kc_ptr + krow + (kt * 32)[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
+    kt = gl.arange(0, 4, layout=_dims(KL, 4, 2))
+    kb = gl.arange(0, D // 4, layout=_dims(KL, 4, 3))
+    kc = _ld(kc_ptr + krow + (kt * (D // 4))[None, None, :, None] + kb[None, None, None, :], kmask, MASKED)
     return g0, blk, goff, kc
 
 
 @gluon.jit
-def _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED: gl.constexpr):
-    """The tile's 8-bit V codes in V_LOAD (a lane's 16 bytes of each of its tokens); g0, blk, goff as
-    `_k8_load` returns them."""
-    vw = (gl.arange(0, 4, layout=V_T) * 2)[None, None, :, None, None, None] \
-        + gl.arange(0, 2, layout=V_E)[None, None, None, :, None, None]
-    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] \
+def _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED: gl.constexpr, D: gl.constexpr = 128):
+    """The tile's 8-bit V codes in V_LOAD (a lane's 16 bytes of each of its tokens; head dim D 64: in V4_LOAD,
+    8 bytes); g0, blk, goff as `_k8_load` returns them."""
+    VL: gl.constexpr = _v8_layout(D)
+    vw = (gl.arange(0, 4, layout=_dims(VL, 6, 2)) * 2)[None, None, :, None, None, None] \
+        + gl.arange(0, 2, layout=_dims(VL, 6, 3))[None, None, None, :, None, None]
+    sh: gl.constexpr = _dims(VL, 6, 0, 1)
+    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), sh, assert_trivial=True)[:, :, None, None, None, None] \
         + vw < end
-    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None]
-    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V_SH, assert_trivial=True)[:, :, None, None, None, None] + vw
+    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), sh, assert_trivial=True)[:, :, None, None, None, None]
+    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), sh, assert_trivial=True)[:, :, None, None, None, None] + vw
     vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2
-    vnl = gl.arange(0, 8, layout=V_NL)
-    vm = gl.arange(0, 16, layout=V_M)
-    return _ld(vc_ptr + vrow + (vnl * 16)[None, None, None, None, :, None] + vm[None, None, None, None, None, :],
-               vmask, MASKED)
+    vnl = gl.arange(0, 8, layout=_dims(VL, 6, 4))
+    vm = gl.arange(0, D // 8, layout=_dims(VL, 6, 5))
+    return _ld(vc_ptr + vrow + (vnl * (D // 8))[None, None, None, None, :, None]
+               + vm[None, None, None, None, None, :], vmask, MASKED)
 
 
 @gluon.jit
-def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr, K_FACTOR: gl.constexpr):
-    """`_k8_load`'s codes [i 8, nl 8, t 4, b 32] as the B operand [128, 64] of q @ K^T (AS_A: the A operand
-    [64, 128] of K @ q^T, "fragt"): int8 codes as they are for int8 MMAs (QK8; byte 32 t + 8 j + 4 h + e of a
-    token is channel 32 j + 16 h + 4 t + e), else float16 (`_to_f16`; byte 32 t + 4 j + 2 h + e is channel
+def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr, K_FACTOR: gl.constexpr,
+                D: gl.constexpr = 128):
+    """`_k8_load`'s codes [i 8, nl 8, t 4, b D / 4] as the B operand [D, 64] of q @ K^T (AS_A: the A operand
+    [64, D] of K @ q^T, "fragt"): int8 codes as they are for int8 MMAs (QK8; byte D / 4 t + 8 j + 4 h + e of a
+    token is channel 32 j + 16 h + 4 t + e), else float16 (`_to_f16`; byte D / 4 t + 4 j + 2 h + e is channel
     16 j + 8 h + 2 t + e); see the module doc."""
     if QK8:
-        k = gl.reshape(kc, [8, 8, 4, 4, 2, 4])  # i nl t j h e
+        k = gl.reshape(kc, [8, 8, 4, D // 32, 2, 4])  # i nl t j h e
     else:
-        k = gl.reshape(_to_f16(kc, K_FMT, K_FACTOR), [8, 8, 4, 8, 2, 2])  # i nl t j h e
+        k = gl.reshape(_to_f16(kc, K_FMT, K_FACTOR), [8, 8, 4, D // 16, 2, 2])  # i nl t j h e
     if AS_A:
-        out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, 128]), A_OP8 if QK8 else A_OP,
+        out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, D]), A_OP8 if QK8 else A_OP,
                                 assert_trivial=True)
     else:
-        out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [128, 64]), B_OP8 if QK8 else B_OP,
+        out = gl.convert_layout(gl.reshape(gl.permute(k, [3, 4, 2, 5, 0, 1]), [D, 64]), B_OP8 if QK8 else B_OP,
                                 assert_trivial=True)
     return out
 
 
 @gluon.jit
-def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.constexpr):
-    """`_v8_load`'s codes as float16, the B operand [64, 128] of P @ V (AS_A: the A operand [128, 64] of
-    V^T @ P^T); output channel 8 m + nl of the operand is channel 16 nl + m (module doc)."""
-    v = gl.reshape(_to_f16(vc, V_FMT, V_FACTOR), [64, 8, 16])
-    v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, 128])  # token, m, nl
+def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.constexpr, D: gl.constexpr = 128):
+    """`_v8_load`'s codes as float16, the B operand [64, D] of P @ V (AS_A: the A operand [D, 64] of
+    V^T @ P^T); output channel 8 m + nl of the operand is channel D / 8 nl + m (module doc)."""
+    v = gl.reshape(_to_f16(vc, V_FMT, V_FACTOR), [64, 8, D // 8])
+    v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, D])  # token, m, nl
     return _v_operand(v, AS_A)
 
 
 @gluon.jit
-def _q_phys(kk, K_FMT: gl.constexpr):
-    """The code byte (int4: the channel) that logical channel kk of q meets in the K fragments (module doc)."""
-    if K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 e + h
+def _q_phys(kk, K_FMT: gl.constexpr, D: gl.constexpr = 128):
+    """The code byte (int4: the channel) that logical channel kk of q meets in the K fragments (module doc; 8-bit
+    codes at head dim D 64: a lane's 16 bytes a token instead of 32)."""
+    if D == 64 and K_FMT == K_FMT_INT8:  # logical 32 j + 16 h + 4 t + e is code byte 16 t + 8 j + 4 h + e
+        p = ((kk >> 2) & 3) * 16 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
+    elif D == 64:  # logical 16 j + 8 h + 2 t + e is code byte 16 t + 4 j + 2 h + e
+        p = ((kk >> 1) & 3) * 16 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
+    elif K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 64 (j // 4) + 16 t + 4 (j % 4) + 2 e + h
         p = (kk >> 6) * 64 + ((kk >> 1) & 3) * 16 + ((kk >> 4) & 3) * 4 + (kk & 1) * 2 + ((kk >> 3) & 1)
     elif K_FMT == K_FMT_INT8:  # int8 MMAs: logical 32 j + 16 h + 4 t + e is code byte 32 t + 8 j + 4 h + e
         p = ((kk >> 2) & 3) * 32 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
@@ -669,7 +696,7 @@ def _q_phys(kk, K_FMT: gl.constexpr):
 
 @gluon.jit
 def _q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP: gl.constexpr, ROWS: gl.constexpr, K_FMT: gl.constexpr,
-            A_OPERAND: gl.constexpr = False):
+            A_OPERAND: gl.constexpr = False, D: gl.constexpr = 128):
     """The query rows of kv head h, [ROWS (the group, padded: 16 or 8), 128] float32, channels in K's order
     (`_q_phys`): in a blocked layout (Q_LOAD; QT8_LOAD for 8 rows), or A_OPERAND: A_OP's."""
     if A_OPERAND:
@@ -678,11 +705,14 @@ def _q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP: gl.constexpr, ROWS: gl.constexpr
     elif ROWS == 16:
         g = gl.arange(0, ROWS, layout=gl.SliceLayout(1, Q_LOAD))
         kk = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_LOAD))
+    elif D == 64:
+        g = gl.arange(0, ROWS, layout=gl.SliceLayout(1, QT8_LOAD64))
+        kk = gl.arange(0, 64, layout=gl.SliceLayout(0, QT8_LOAD64))
     else:
         g = gl.arange(0, ROWS, layout=gl.SliceLayout(1, QT8_LOAD))
         kk = gl.arange(0, 128, layout=gl.SliceLayout(0, QT8_LOAD))
     q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[:, None] * sq_h
-    return gl.load(q_base + _q_phys(kk, K_FMT)[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
+    return gl.load(q_base + _q_phys(kk, K_FMT, D)[None, :], mask=(g < GROUP)[:, None], other=0.0).to(gl.float32)
 
 
 @gluon.jit
@@ -782,21 +812,22 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
 
 @gluon.jit
 def _gl_butterfly(x, ROWS: gl.constexpr, H: gl.constexpr):
-    """`rotate._butterfly` (without its fma option) in Gluon for x [ROWS, 128] float32: the same bit
+    """`rotate._butterfly` (without its fma option) in Gluon for x [ROWS, W] float32 (W 128 or 64): the same bit
     trick for the partner (a sum of int32 bits over the pair's axis), the same IEEE additions; the
     compiler infers each reshape's layout."""
-    y = gl.reshape(x, [ROWS, 128 // (2 * H), 2, H])
+    W: gl.constexpr = x.shape[1]
+    y = gl.reshape(x, [ROWS, W // (2 * H), 2, H])
     L: gl.constexpr = y.type.layout
     bits = y.to(gl.int32, bitcast=True)
     partner = (gl.sum(bits, 2, keep_dims=True) - bits).to(gl.float32, bitcast=True)
     i = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
     sgn = gl.expand_dims(gl.expand_dims(gl.expand_dims(1 - 2 * i, 0), 1), 3).to(gl.float32)
-    return gl.reshape(partner + y * sgn, [ROWS, 128])
+    return gl.reshape(partner + y * sgn, [ROWS, W])
 
 
 @gluon.jit
 def _gl_hadamard(x, ROWS: gl.constexpr, HB: gl.constexpr, NORM: gl.constexpr):
-    """`rotate._hadamard` in Gluon: x @ R for x [ROWS, 128] float32 (stages H = 1 ... HB / 2, * NORM)."""
+    """`rotate._hadamard` in Gluon: x @ R for x [ROWS, W] float32 (stages H = 1 ... HB / 2, * NORM)."""
     for s in gl.static_range(HB.bit_length() - 1):
         x = _gl_butterfly(x, ROWS, 1 << s)
     return x * NORM
@@ -804,9 +835,9 @@ def _gl_hadamard(x, ROWS: gl.constexpr, HB: gl.constexpr, NORM: gl.constexpr):
 
 @gluon.jit
 def _q_rot(qf, ROWS: gl.constexpr, ROT: gl.constexpr, HB: gl.constexpr, NORM: gl.constexpr):
-    """q rows [ROWS, 128] float32 (a blocked layout), loaded in a kernel's bit-permuted channel order:
-    with ROT, q @ R in that same order, in the same layout. For head_dim 128 with one 128-wide Hadamard
-    block (HB == 128, the launcher's rule): R[i, j] = (-1)^popcount(i & j) / sqrt(128) does not change when
+    """q rows [ROWS, D] float32 (a blocked layout), loaded in a kernel's bit-permuted channel order:
+    with ROT, q @ R in that same order, in the same layout. For head_dim D 128 (or 64) with one D-wide Hadamard
+    block (HB == D, the launcher's rule): R[i, j] = (-1)^popcount(i & j) / sqrt(D) does not change when
     the same permutation of index bits acts on i and j, so the butterflies over the permuted index give
     the permuted q @ R (the sums in another order: not the bits of `rotate_heads`)."""
     if ROT:
@@ -817,8 +848,8 @@ def _q_rot(qf, ROWS: gl.constexpr, ROT: gl.constexpr, HB: gl.constexpr, NORM: gl
 @gluon.jit
 def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.constexpr, GROUP: gl.constexpr,
                    VI4: gl.constexpr, ROT_HB: gl.constexpr, ROT_NORM: gl.constexpr, ROT_OUT: gl.constexpr,
-                   OUT_MEAN: gl.constexpr):
-    """One split's normalized output o [ROWS heads, 128] float32 (any layout; channel c in the kernel's V
+                   OUT_MEAN: gl.constexpr, D: gl.constexpr = 128):
+    """One split's normalized output o [ROWS heads, D] float32 (any layout; channel c in the kernel's V
     order: output channel c_out(c), a permutation of c's bits) stored as `_frag_merge_last` stores: out @ R
     (ROT_OUT; the butterflies over the permuted index give the permuted out @ R, as in `_q_rot`), + V mean
     (OUT_MEAN), bf16 rounded to nearest even."""
@@ -828,14 +859,14 @@ def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.
     if ROT_OUT:
         o = gl.convert_layout(_gl_hadamard(o, ROWS, ROT_HB, ROT_NORM), OL)
     go = gl.arange(0, ROWS, layout=gl.SliceLayout(1, OL))
-    c = gl.arange(0, 128, layout=gl.SliceLayout(0, OL))
+    c = gl.arange(0, D, layout=gl.SliceLayout(0, OL))
     if VI4:
         d = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
     else:
-        d = (c & 7) * 16 + (c >> 3)
+        d = (c & 7) * (D // 8) + (c >> 3)
     if OUT_MEAN:
-        o = o + gl.load(vmean_ptr + h * 128 + d)[None, :]
-    om = ((go < GROUP) & has_q)[:, None] & (d < 128)[None, :]
+        o = o + gl.load(vmean_ptr + h * D + d)[None, :]
+    om = ((go < GROUP) & has_q)[:, None] & (d < D)[None, :]
     o_ptr = out_ptr + q_row.to(gl.int64) * so_t + (h * GROUP + go)[:, None] * so_h + d[None, :]
     if out_ptr.dtype.element_ty == gl.bfloat16:
         gl.store(o_ptr, o.to(gl.bfloat16, fp_downcast_rounding="rtne"), mask=om)
@@ -1224,13 +1255,14 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                  BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
-                 IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr):
+                 IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
+                 D: gl.constexpr = 128):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
-    O^T [128, 8] += V^T @ P^T."""
-    g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED)
-    vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
+    O^T [D, 8] += V^T @ P^T (head dim D 128 or 64)."""
+    g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED, D)
+    vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
     ng = gl.convert_layout(g0, ROWS8_G, assert_trivial=True)[:, None]
@@ -1239,11 +1271,11 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), T_ROWS, assert_trivial=True)
     # ---- scores S^T [64, 8] ----
     if QK8:
-        k = _k8_operand(kc, K_FMT, True, True, K_FACTOR)
+        k = _k8_operand(kc, K_FMT, True, True, K_FACTOR, D)
         si = mma_v2(k, q, gl.full([64, 8], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(k, q_lo, si).to(gl.float32)
     else:
-        s = mma_v2(_k8_operand(kc, K_FMT, False, True, K_FACTOR), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(_k8_operand(kc, K_FMT, False, True, K_FACTOR, D), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     if not K_STATIC:
         ks = _t_row_vec(ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED)
         if QK8:  # the softmax scale is in q_s
@@ -1263,14 +1295,14 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         p = gl.exp2(s - m_new[None, :])
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=0)
-    # ---- O^T [128, 8] += V^T @ P^T (row 8 m + nl: output channel 16 nl + m) ----
-    v = _v8_operand(vc, V_FMT, True, V_FACTOR)
+    # ---- O^T [D, 8] += V^T @ P^T (row 8 m + nl: output channel D / 8 nl + m) ----
+    v = _v8_operand(vc, V_FMT, True, V_FACTOR, D)
     if not V_STATIC:  # the per-token V scale folds into p, normalised by the tile's largest (as in "frag")
         vsc = _t_row_vec(vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED)
         vmax = gl.max(vsc, axis=0)
         vmax = gl.where(vmax > 0, vmax, 1.0)
         p = p * (vsc * (1.0 / vmax))[:, None]
-        pv = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), gl.full([128, 8], 0.0, gl.float32, layout=MMA))
+        pv = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), gl.full([D, 8], 0.0, gl.float32, layout=MMA))
         acc = acc * alpha[None, :] + pv * (vmax * V_FACTOR)
     else:
         acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
@@ -1293,7 +1325,7 @@ def _fragt_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
-    RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None,
+    RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
@@ -1314,27 +1346,29 @@ def _fragt_decode_kernel(
     end = gl.minimum(seq_len, start + tokens_per_split)
 
     KI4: gl.constexpr = K_FMT == K_FMT_INT4
-    KI8: gl.constexpr = K_FMT == K_FMT_INT8
+    KI8: gl.constexpr = K_FMT == K_FMT_INT8 and not K8_F16  # int8 K through int8 MMAs (K8_F16: as fp16, fp16 MMAs)
+    Q_FMT: gl.constexpr = K_FMT_FP8E4M3 if K8_F16 else K_FMT  # the channel order q takes (`_q_phys`)
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
     qk_scale = qk_scale * K_FACTOR
-    if KI8:  # q [8, 128] split in two int8 parts per head (as "frag"), then q^T as the int8 B operand
-        qf = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 8, K_FMT), 8, ROT_Q, ROT_HB, ROT_NORM)
+    if KI8:  # q [8, D] split in two int8 parts per head (as "frag"), then q^T as the int8 B operand
+        qf = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 8, K_FMT, False, D), 8, ROT_Q, ROT_HB, ROT_NORM)
         qhi, qlo, step = split_q_int8(qf)
         q = gl.convert_layout(gl.permute(qhi, [1, 0]), B_OP8)
         q_lo = gl.convert_layout(gl.permute(qlo, [1, 0]), B_OP8)
         q_s = gl.convert_layout(step, T_HEADS) * qk_scale
     else:  # q^T [128, 8] fp16 as the B operand (int4: times the softmax scale), channels in K's order
         if ROT_Q:  # q [8, 128] rotated in a blocked layout, then transposed
-            qr = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 8, K_FMT), 8, True, ROT_HB, ROT_NORM)
+            qr = _q_rot(_q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP, 8, Q_FMT, False, D), 8, True, ROT_HB, ROT_NORM)
             if KI4:
                 qr = qr * qk_scale
             q = gl.convert_layout(gl.permute(qr.to(gl.float16), [1, 0]), B_OP)
         else:  # loaded transposed
-            kk = gl.arange(0, 128, layout=gl.SliceLayout(1, QT_LOAD))
-            g = gl.arange(0, 8, layout=gl.SliceLayout(0, QT_LOAD))
+            QTL: gl.constexpr = QT_LOAD64 if D == 64 else QT_LOAD
+            kk = gl.arange(0, D, layout=gl.SliceLayout(1, QTL))
+            g = gl.arange(0, 8, layout=gl.SliceLayout(0, QTL))
             q_base = q_ptr + q_row.to(gl.int64) * sq_t + (h * GROUP + g)[None, :] * sq_h
-            qf = gl.load(q_base + _q_phys(kk, K_FMT)[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
+            qf = gl.load(q_base + _q_phys(kk, Q_FMT, D)[:, None], mask=(g < GROUP)[None, :], other=0.0).to(gl.float32)
             if KI4:
                 qf = qf * qk_scale
             q = gl.convert_layout(qf.to(gl.float16), B_OP)
@@ -1345,7 +1379,7 @@ def _fragt_decode_kernel(
     l_i = gl.full([8], 0.0, gl.float32, layout=T_HEADS)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
-    acc = gl.full([128, 8], 0.0, gl.float32, layout=MMA)
+    acc = gl.full([D, 8], 0.0, gl.float32, layout=MMA)
     if times_ptr is not None:
         probe_stamp(t_ptr + 1, 0)
     FIRST: gl.constexpr = 1 if RING4 > 0 else 0  # the ring takes the whole tiles
@@ -1392,7 +1426,7 @@ def _fragt_decode_kernel(
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8, K_FACTOR)
+                                             phase == 1, KI8, K_FACTOR, D)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
@@ -1400,26 +1434,26 @@ def _fragt_decode_kernel(
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 
-    # row 8 m + nl of acc is output channel 16 nl + m (int4: 64 (m // 8) + 8 nl + m % 8; the module doc)
-    c = gl.arange(0, 128, layout=T_ROWS)
+    # row 8 m + nl of acc is output channel D / 8 nl + m (int4: 64 (m // 8) + 8 nl + m % 8; the module doc)
+    c = gl.arange(0, D, layout=T_ROWS)
     if KI4:
         c_out = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
     else:
-        c_out = (c & 7) * 16 + (c >> 3)
+        c_out = (c & 7) * (D // 8) + (c >> 3)
     rg = gl.arange(0, 8, layout=T_HEADS)
     heads = h * GROUP + rg
-    cm = (c_out < 128)[:, None] & (rg < GROUP)[None, :]
+    cm = (c_out < D)[:, None] & (rg < GROUP)[None, :]
     if not SPLIT and (ROT_OUT or OUT_MEAN):
         l_safe = gl.where(l_i > 0, l_i, 1.0)[None, :]
         _store_out_rot(gl.permute(acc / l_safe, [1, 0]), out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, 8, GROUP,
-                       KI4, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN)
+                       KI4, ROT_HB, ROT_NORM, ROT_OUT, OUT_MEAN, D)
     elif not SPLIT:
         l_safe = gl.where(l_i > 0, l_i, 1.0)[None, :]
         o_ptr = out_ptr + q_row.to(gl.int64) * so_t + heads[None, :] * so_h + c_out[:, None]
         gl.store(o_ptr, (acc / l_safe).to(out_ptr.dtype.element_ty), mask=cm & has_q)
     else:
         ph = (b * (GROUP * gl.num_programs(1)) + heads).to(gl.int64) * gl.num_programs(2) + split
-        gl.store(po_ptr + ph[None, :] * 128 + c_out[:, None], acc, mask=cm)
+        gl.store(po_ptr + ph[None, :] * D + c_out[:, None], acc, mask=cm)
         gl.store(pml_ptr + ph * 2, m_i, mask=rg < GROUP)
         gl.store(pml_ptr + ph * 2 + 1, l_i, mask=rg < GROUP)
         if MERGE_CH > 0:  # the split merge fused: the last of this (sequence, kv head)'s programs merges
