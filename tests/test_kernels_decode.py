@@ -298,6 +298,24 @@ def test_decode_fragt_8bit_head64_gpu(k_name, v_name, block_size, splits, Hq, Hk
               num_splits=splits, variant=variant or "auto")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("v_name", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_fragt_head64_int8_mma_gpu(v_name, splits, monkeypatch):
+    """int8 K at head dim 64 through int8 MMAs with q's two int8 parts (FRAGT_HEAD64_K8_F16 off; the plan's default
+    converts K to fp16), with and without the register cap, against the reference."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.setattr(da, "FRAGT_HEAD64_K8_F16", False)
+    for cap in (0, 128):
+        monkeypatch.setattr(da, "FRAGT_HEAD64_MAXNREG", cap)
+        q, lc, meta = build_case("int8", v_name, [1, 17, 1000, 4099, 257], 9, 3, 64, 16, device="cuda")
+        plan = da.plan_decode(q, lc, meta, 0.1, num_splits=splits)
+        assert plan.variant == "fragt" and "K8_F16" not in plan.options
+        check("int8", v_name, [1, 17, 1000, 4099, 257], Hq=9, Hkv=3, D=64, block_size=16, device="cuda",
+              num_splits=splits, variant="auto")
+
+
 @pytest.mark.parametrize("k_name,v_name,Hq,asked,auto_on,want", [
     ("int8", "int8", 9, None, True, "fragt"), ("fp8_e4m3", "fp8_e5m2", 32, None, True, "fragt"),
     ("int8", "int8", 9, "fragt", False, "fragt"), ("int8", "int8", 9, None, False, "imma"),

@@ -96,11 +96,13 @@ INT4_RING_VPAIRS = os.environ.get("KVPACK_INT4_RING_VPAIRS", "1") != "0"
 # measuring
 TWO_PART = os.environ.get("KVPACK_DECODE_TWO_PART", "1") != "0"
 # "fragt" takes 8-bit K and V at head dim 64 too (session 33: `decode_frag`'s int4 layouts at head dim 128 hold a
-# token's 64 code bytes), asked for or, with FRAGT_HEAD64_AUTO, by "auto"; KVPACK_FRAGT_HEAD64=0: the fallback ("imma" /
-# "dot") there, for measuring
+# token's 64 code bytes), asked for or, with FRAGT_HEAD64_AUTO, by "auto" (H200, per layer, results/head64_s33: 0.64-0.99x
+# the former "imma" / "dot" time at five SmolLM2 / Llama-3.2-1B shapes); KVPACK_FRAGT_HEAD64=0: the fallback there
 FRAGT_HEAD64_AUTO = os.environ.get("KVPACK_FRAGT_HEAD64", "1") != "0"
-# ... int8 K there as fp16 through fp16 MMAs (`decode_frag` K8_F16) rather than int8 MMAs with q in two int8 parts, and
-# the register cap (0: none)
+# ... int8 K there as fp16 through fp16 MMAs (`decode_frag` K8_F16) rather than int8 MMAs with q in two int8 parts, under
+# a 128-register cap (0: none). Side by side (call3): int8 MMAs took 166 registers (a cap of 128 spilled: 0.99-1.16x);
+# uncapped they were 2-8 % faster at SmolLM2's 3 kv heads and 7-10 % slower at Llama-3.2-1B's 8 (fewer programs an SM);
+# fp16 K under the cap was the fastest there (int8 50.2 -> 47.8 us at 32 x 4096) and at most 1.09x the best elsewhere
 FRAGT_HEAD64_K8_F16 = True
 FRAGT_HEAD64_MAXNREG = 128
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)

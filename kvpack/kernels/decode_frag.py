@@ -121,8 +121,21 @@ data between lanes.
   the loop spill, 22 STL / 22 LDL a tile): FP8 per layer 79.0 -> 75.8 us at 64 x 2048, 84.8 -> 82.3-83.5 at
   128 x 1024 (results/attention_s22).
 
-Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128, one warp, 64-token
-tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
+- Head dim 64 (session 33; "fragt" on 8-bit K and V, "auto" at GQA groups <= 8: `decode_attention.FRAGT_HEAD64_AUTO`):
+  a token's 64 code bytes take the layouts int4 has at head dim 128 (also 64 bytes a token): K in K4_LOAD (a lane
+  reads 16 bytes of each of its 8 tokens: byte 16 t + 4 j + 2 h + e is channel 16 j + 8 h + 2 t + e, j < 4), V in
+  V4_LOAD (bytes 8 nl .. 8 nl + 7 of 16 tokens: output channel 8 m + nl is byte 8 nl + m); `_k8_load`, `_v8_load`,
+  `_k8_operand`, `_v8_operand`, `_q_phys` take D. A rotated side rotates q in the kernel (a 64-wide Hadamard is also
+  unchanged by a permutation of index bits) and out @ R + V mean in the one-split epilogue or the separate merge
+  (the fused merge, `_frag_merge_last`, is head dim 128's only). int8 K goes to fp16 MMAs (K8_F16: `int8_to_f16`, q
+  in fp16) rather than int8 MMAs with q's two int8 parts, under a 128-register cap (`FRAGT_HEAD64_MAXNREG`): with
+  int8 MMAs the kernel took 166 registers (capped at 128: 101 local loads / stores). H200, per layer, against the former "imma" /
+  "dot" (results/head64_s33): SmolLM2 (9 / 3 heads) 32 x 4096 int8 24.3 -> 21.4 us, int8-static 22.2 -> 20.0,
+  fp8_e4m3 28.1 -> 21.2; Llama-3.2-1B (32 / 8 heads) 32 x 4096 int8 50.2 -> 47.8, int8-static 45.3 -> 40.4, fp8_e4m3
+  59.7 -> 44.4; faster at each of the five shapes measured.
+
+Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 (8-bit codes in "fragt" also 64), one warp,
+64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
 compiles it ahead of time (tests/test_kernels_aot.py); the gpu-marked tests compare it with the
 PyTorch reference.

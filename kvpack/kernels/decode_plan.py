@@ -301,7 +301,8 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     int8 MMA: int8 K only, else "dot"), "frag" (codes loaded in the MMA fragment layout,
     `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback), "fragt"
     (`decode_frag` with both products transposed: the query heads are the MMA's n = 8; GQA groups <= 8;
-    int4 K and V, or 8-bit codes on both sides (asked for only: session 19 measured it no faster than "frag" / "imma"); asked for on int4
+    int4 K and V, or 8-bit codes on both sides (asked for only at head dim 128: session 19 measured it no faster than "frag" /
+    "imma"; "auto" at head dim 64, where "frag" does not go: `decode_attention.FRAGT_HEAD64_AUTO`); asked for on int4
     beside an 8-bit side it means "frag").
     `plan_decode` also falls back outside frag's head-dim / group / block scope; the fallback is
     "imma" for int8 K, else "dot" (`fallback_variant`), and "auto" takes "dot" over "imma" at head dims that are not
