@@ -342,6 +342,27 @@ def test_fragt_head64_scope(k_name, v_name, Hq, asked, auto_on, want, monkeypatc
         assert fused.merge_grid is not None
 
 
+@pytest.mark.parametrize("batch,ctx,Hq,Hkv,want,want4", [(8, 8192, 9, 3, 64, 32), (32, 4096, 9, 3, 22, 16),
+                                                         (8, 8192, 32, 8, 32, 32), (32, 4096, 32, 8, 8, 8)])
+def test_fragt_head64_splits(batch, ctx, Hq, Hkv, want, want4, monkeypatch):
+    """"fragt" at head dim 64 splits down to 2 tiles a split (FRAGT_HEAD64_MIN_TILES), other kernels to 4: on an
+    H200's 132 multiprocessors, SmolLM2's 8 x 8192 gets 64 splits instead of 32 and its 32 x 4096 22 instead of 16
+    (the split counts measured in results/head64_s33/call3/h64_splits.json); Llama-3.2-1B's shapes keep theirs."""
+    import kvpack.kernels.decode_attention as da
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
+    monkeypatch.setattr(dp, "_sm_count", lambda device: 132)
+    nb = ctx // 16
+    lc = LayerKVCache(make_pool("int8", 64, batch * nb, Hkv, 16, "cpu"), make_pool("int8", 64, batch * nb, Hkv, 16, "cpu"))
+    meta = AttentionMetadata.build([1] * batch, [ctx] * batch, [list(range(i * nb, (i + 1) * nb)) for i in range(batch)], 16)
+    q = torch.zeros(batch, Hq, 64, dtype=torch.float16)
+    plan = da.plan_decode(q, lc, meta, 0.1)
+    assert plan.variant == "fragt" and plan.grid[2] == want
+    monkeypatch.setattr(da, "FRAGT_HEAD64_MIN_TILES", 4)
+    assert da.plan_decode(q, lc, meta, 0.1).grid[2] == want4
+
+
 @pytest.mark.parametrize("k_name,v_name,Hq,want", [("int4", "int4", 32, "fragt"), ("int4", "int4", 64, "fragt"),
                                                    ("int4", "int4", 72, "dot"), ("int8", "int4", 32, "imma"),
                                                    ("fp8_e4m3", "fp8_e4m3", 32, "fragt"), ("int8", "int8", 72, "imma"),

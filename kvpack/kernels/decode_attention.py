@@ -105,6 +105,10 @@ FRAGT_HEAD64_AUTO = os.environ.get("KVPACK_FRAGT_HEAD64", "1") != "0"
 # fp16 K under the cap was the fastest there (int8 50.2 -> 47.8 us at 32 x 4096) and at most 1.09x the best elsewhere
 FRAGT_HEAD64_K8_F16 = True
 FRAGT_HEAD64_MAXNREG = 128
+# ... and its splits keep >= 2 tiles (`choose_num_splits`' min_tiles; 4 elsewhere). H200, call3's h64_splits.json, the
+# split counts this gives against 4 tiles' (SmolLM2 8 x 8192: 64 against 32, int8 16.54 -> 13.35 us, fp8_e4m3 15.45 ->
+# 13.53; 32 x 4096: 22 against 16, int8 21.43 -> 20.82, fp8_e4m3 21.18 -> 21.66; Llama-3.2-1B 8 x 8192: 32 either way)
+FRAGT_HEAD64_MIN_TILES = 2
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -838,7 +842,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if variant in ("frag", "fragt"):  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
-            num_splits = ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D)
+            num_splits = ring_splits or choose_num_splits(B, Hkv, metadata.max_seq_len, block_n, dev, num_warps, D,
+                                                          min_tiles=FRAGT_HEAD64_MIN_TILES if head64 else 4)
         if prefetch is None:  # int4: an L2 prefetch distance (no ring), as "dot" prefetches int4
             prefetch = 1 if ring_splits or int4 else 0
         elif block_size < 16 and not int4:  # the ring's scale copies need 4-byte alignment

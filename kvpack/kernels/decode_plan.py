@@ -78,13 +78,15 @@ SMALL_HEAD_MAXNREG = 65536 // (SMALL_HEAD_PER_SM * 32)
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                      device: torch.device, num_warps: int = 4, head_dim: int = 128, codes: bool = True) -> int:
+                      device: torch.device, num_warps: int = 4, head_dim: int = 128, codes: bool = True,
+                      min_tiles: int = 4) -> int:
     """Splits per sequence when num_seqs * Hkv programs do not fill the GPU. The programs that fit
     at once (H200 tuning): 2 per SM with 4 warps, 8 with one warp (16 at head_dim <= 64 for quantized
     `codes`; a 16-bit cache keeps 8 there: SmolLM2's 32 x 4096, bf16, per layer 34.0 -> 31.2 us at 11 splits
     instead of 22, while int8 took 24.6 against 32.5 at 22, session 21). Splits
     fill one such wave without starting a second (a 1.2-wave grid measured 15 % slower), or give
-    at most ~1024 tokens per split, whichever is more, each split keeping >= 4 tiles."""
+    at most ~1024 tokens per split, whichever is more, each split keeping >= `min_tiles` tiles (4; "fragt" at head
+    dim 64: 2, `decode_attention.FRAGT_HEAD64_MIN_TILES`)."""
     work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
     per_sm = max(2, 8 // max(1, num_warps))
     if num_warps == 1 and head_dim <= 64 and codes:
@@ -92,7 +94,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_
     slots = per_sm * _sm_count(device)
     if work >= slots:
         return 1
-    max_splits = max(1, cdiv(max_seq_len, 4 * block_n))
+    max_splits = max(1, cdiv(max_seq_len, min_tiles * block_n))
     want = max(slots // work, cdiv(max_seq_len, 1024))
     return max(1, min(max_splits, want, 128))
 
