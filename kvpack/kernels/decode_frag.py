@@ -211,9 +211,6 @@ def _dims(layout, rank: int, *keep: int):
     return layout
 
 
-K_I, K_NL, K_T, K_B = (_dims(K_LOAD, 4, d) for d in range(4))
-V_S, V_H, V_T, V_E, V_NL, V_M = (_dims(V_LOAD, 6, d) for d in range(6))
-V_SH = _dims(V_LOAD, 6, 0, 1)  # the V tile's 8-token groups as [s 4, h 2]
 COLS8_G = gl.SliceLayout(1, COLS8)
 RC_G, RC_R, RC_B = (_dims(RING_COPY, 3, d) for d in range(3))
 K4_I = _dims(K4_LOAD, 4, 0)
