@@ -192,7 +192,8 @@ def variants():
                 wmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16, workspace=True)
                 for fn, args, opts in captured_launches(lambda: prefill_paged_attention(pq, lc, wmeta, 0.1)):
                     out.append((f"prefill-ws/{name}/D{D}/{fn.__name__}", fn, args, opts))
-    # 8-bit codes at head dim 64 in "fragt" (`decode_frag`: int4's code layouts at head dim 128), one split and two;
+    # 8-bit codes at head dim 64 in "fragt" (`decode_frag`: int4's code layouts at head dim 128), one split and two
+    # (and two with the L2 prefetch);
     # (FP8 is rotated: q @ R in the kernel; with one split out @ R in its epilogue, with two in the merge)
     q = torch.randn(2, 8, 64, dtype=torch.bfloat16)
     meta = AttentionMetadata.build([1, 1], [40, 9], [[0, 1, 2], [3]], 16)
@@ -203,6 +204,9 @@ def variants():
             plan = plan_decode(q, lc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="fragt")
             assert plan.variant == "fragt", plan.variant
             out.append((f"decode-t8h64/{name}/D64/splits{splits}", plan.kernel, plan.args, plan.options))
+        if name in ("int8", "fp8_e4m3"):  # with the L2 prefetch (`decode_frag._prefetch_tile8`)
+            plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="fragt", prefetch=1)
+            out.append((f"decode-t8h64/{name}/D64/splits2/pf1", plan.kernel, plan.args, plan.options))
     # the q / output rotation around the attention kernels (rotated formats, centered V)
     from kvpack.kernels.rotate import rotate_heads
 

@@ -299,6 +299,42 @@ def test_decode_fragt_8bit_head64_gpu(k_name, v_name, block_size, splits, Hq, Hk
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e5m2")])
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_decode_fragt_head64_prefetch_gpu(k_name, v_name, block_size, splits):
+    """Head dim 64's L2 prefetch (`decode_frag._prefetch_tile8`, 1 or 2 tiles ahead, and the first tiles before q's
+    loads) is a hint: the same output bits as without it, splits past a sequence's end (no tokens) included."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    lens = [1, 17, 1000, 4099, 257, 64, 130]
+    q, lc, meta = build_case(k_name, v_name, lens, 9, 3, 64, block_size, device="cuda")
+    outs = []
+    for pf in (0, 1, 2):
+        plan = plan_decode(q, lc, meta, 0.125, num_splits=splits, prefetch=pf)
+        assert plan.variant == "fragt" and plan.args[plan.kernel.arg_names.index("PREFETCH")] == pf
+        outs.append(decode_paged_attention(q, lc, meta, 0.125, num_splits=splits, prefetch=pf))
+    torch.cuda.synchronize()
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+    check(k_name, v_name, lens, Hq=9, Hkv=3, D=64, block_size=block_size, device="cuda", num_splits=splits)
+
+
+def test_fragt_head64_prefetch_plan(monkeypatch):
+    """The L2 prefetch distance of "fragt" on 8-bit codes: FRAGT_HEAD64_PREFETCH by default at head dim 64, the
+    asked one where asked (also at 128), none by default at 128 (CPU: planned as on a GPU)."""
+    import kvpack.kernels.decode_attention as da
+
+    monkeypatch.setattr(da, "INTERPRET", False)
+    for default in (0, 2):
+        monkeypatch.setattr(da, "FRAGT_HEAD64_PREFETCH", default)
+        for D, asked, want in ((64, None, default), (64, 1, 1), (64, 0, 0), (128, None, 0), (128, 1, 1)):
+            q, lc, meta = build_case("int8", "fp8_e4m3", [3000, 9], 9, 3, D, 16)
+            plan = da.plan_decode(q, lc, meta, 0.1, variant="fragt", prefetch=asked)
+            assert plan.variant == "fragt"
+            assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, asked, default)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("v_name", ["int8", "fp8_e4m3"])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_decode_fragt_head64_int8_mma_gpu(v_name, splits, monkeypatch):

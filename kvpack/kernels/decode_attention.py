@@ -109,6 +109,8 @@ FRAGT_HEAD64_MAXNREG = 128
 # split counts this gives against 4 tiles' (SmolLM2 8 x 8192: 64 against 32, int8 16.54 -> 13.35 us, fp8_e4m3 15.45 ->
 # 13.53; 32 x 4096: 22 against 16, int8 21.43 -> 20.82, fp8_e4m3 21.18 -> 21.66; Llama-3.2-1B 8 x 8192: 32 either way)
 FRAGT_HEAD64_MIN_TILES = 2
+# ... and its L2 prefetch distance in tiles (`decode_frag._fragt_tile8`'s L2PF; 0: none); KVPACK_FRAGT_HEAD64_PREFETCH
+FRAGT_HEAD64_PREFETCH = int(os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "0"))
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -839,6 +841,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         # head dims 80 / 96: "dot" with the head in two parts beats "imma" padded to 128 (session 31, H200, 32 x 32
         # heads, per layer: int8 78.7 -> 63.1 us at head dim 80, 80.6 -> 69.4 at 96; int8-static 74.4 -> 58.0)
         variant = "dot"
+    asked_prefetch = prefetch
     if variant in ("frag", "fragt"):  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
@@ -848,8 +851,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 1 if ring_splits or int4 else 0
         elif block_size < 16 and not int4:  # the ring's scale copies need 4-byte alignment
             prefetch = 0
-        if variant == "fragt" and not int4:  # 8-bit codes transposed: direct loads only (no ring yet)
-            prefetch = 0
+        if variant == "fragt" and not int4:  # 8-bit codes transposed: direct loads (no ring), an L2 prefetch
+            prefetch = (FRAGT_HEAD64_PREFETCH if head64 else 0) if asked_prefetch is None else asked_prefetch
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128

@@ -1259,6 +1259,33 @@ def _t_row_vec(ptr, nblk, noff, nmask, h, ss0, ss1, ss2, MASKED: gl.constexpr):
     return _ld(ptr + sr, nmask, MASKED).to(gl.float32)
 
 
+PF_TOK32 = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[1], order=[0])  # [32]
+
+
+@gluon.jit
+def _prefetch_tile8(n0, end, h, bt_row, kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                    vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                    BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr,
+                    D: gl.constexpr):
+    """`_prefetch_tile` for 8-bit codes at head dim D 64 (rows of 64 bytes: a lane prefetches tokens 2 lane and
+    2 lane + 1 by one address, the 128-byte line they share where the rows are contiguous in a block; head dim 128:
+    a lane's two tokens, two addresses), tokens clamped to end - 1 (a split without tokens: block 0's rows, which
+    every pool has); each token's scale row as its code row's."""
+    STEP: gl.constexpr = 128 // D
+    for e in gl.static_range(2 // STEP):
+        tok = gl.maximum(gl.minimum(n0 + gl.arange(0, 32, layout=PF_TOK32) * 2 + e, end - 1), 0)
+        blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=tok < end, other=0)
+        if IDX64:
+            blk = blk.to(gl.int64)
+        off = tok & (BLOCK_SIZE - 1)
+        prefetch_l2(kc_ptr + blk * k_cs0 + h * k_cs1 + off * k_cs2)
+        prefetch_l2(vc_ptr + blk * v_cs0 + h * v_cs1 + off * v_cs2)
+        if not K_STATIC:
+            prefetch_l2(ks_ptr + blk * k_ss0 + h * k_ss1 + off * k_ss2)
+        if not V_STATIC:
+            prefetch_l2(vs_ptr + blk * v_ss0 + h * v_ss1 + off * v_ss2)
+
+
 @gluon.jit
 def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
@@ -1266,11 +1293,16 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                  IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
-                 D: gl.constexpr = 128):
+                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
-    O^T [D, 8] += V^T @ P^T (head dim D 128 or 64)."""
+    O^T [D, 8] += V^T @ P^T (head dim D 128 or 64). L2PF > 0: the tile L2PF ahead is prefetched into L2
+    (`_prefetch_tile8`) before this tile's loads are issued (its addresses dead before the codes arrive)."""
+    if L2PF > 0:
+        _prefetch_tile8(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                        BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, D)
     g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED, D)
     vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
@@ -1338,8 +1370,8 @@ def _fragt_decode_kernel(
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
-    arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128, BLOCK_N == 64, PREFETCH an
-    L2 prefetch distance. Per 64-token tile it issues half the MMAs (32 + 32 m16n8k16 against 64 + 64) and
+    arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
+    PREFETCH an L2 prefetch distance (int4 without the ring, and 8-bit codes). Per 64-token tile it issues half the MMAs (32 + 32 m16n8k16 against 64 + 64) and
     keeps a quarter of the padded softmax work; the output accumulator is [128, 8] (32 registers a lane,
     against [16, 128]'s 64)."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
@@ -1357,6 +1389,12 @@ def _fragt_decode_kernel(
 
     KI4: gl.constexpr = K_FMT == K_FMT_INT4
     KI8: gl.constexpr = K_FMT == K_FMT_INT8 and not K8_F16  # int8 K through int8 MMAs (K8_F16: as fp16, fp16 MMAs)
+    bt_row = bt_ptr + b.to(gl.int64) * s_bt
+    if not KI4 and PREFETCH > 0:  # 8-bit codes: the first PREFETCH tiles into L2 before q's loads (`_prefetch_tile8`)
+        for t in gl.static_range(PREFETCH):
+            _prefetch_tile8(start + t * 64, end, h, bt_row, kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                            vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                            BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, D)
     Q_FMT: gl.constexpr = K_FMT_FP8E4M3 if K8_F16 else K_FMT  # the channel order q takes (`_q_phys`)
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
@@ -1387,7 +1425,6 @@ def _fragt_decode_kernel(
 
     m_i = gl.full([8], -float("inf"), gl.float32, layout=T_HEADS)
     l_i = gl.full([8], 0.0, gl.float32, layout=T_HEADS)
-    bt_row = bt_ptr + b.to(gl.int64) * s_bt
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
     acc = gl.full([D, 8], 0.0, gl.float32, layout=MMA)
     if times_ptr is not None:
@@ -1436,7 +1473,7 @@ def _fragt_decode_kernel(
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8, K_FACTOR, D)
+                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
