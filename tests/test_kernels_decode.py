@@ -320,18 +320,28 @@ def test_decode_fragt_head64_prefetch_gpu(k_name, v_name, block_size, splits):
 
 
 def test_fragt_head64_prefetch_plan(monkeypatch):
-    """The L2 prefetch distance of "fragt" on 8-bit codes: FRAGT_HEAD64_PREFETCH by default at head dim 64, the
-    asked one where asked (also at 128), none by default at 128 (CPU: planned as on a GPU)."""
+    """The L2 prefetch distance of "fragt" on 8-bit codes: FRAGT_HEAD64_PREFETCH by default at head dim 64 where the
+    grid has <= FRAGT_HEAD64_PREFETCH_PER_SM programs a multiprocessor, else none; the asked one where asked (also at
+    128), none by default at 128. CPU, planned as on an H200 (132 multiprocessors)."""
     import kvpack.kernels.decode_attention as da
 
+    import kvpack.kernels.decode_plan as dp
+
     monkeypatch.setattr(da, "INTERPRET", False)
-    for default in (0, 2):
+    monkeypatch.setattr(da, "_sm_count", lambda dev: 132)  # the prefetch rule
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)  # the split counts
+    for default in (1, 2):
         monkeypatch.setattr(da, "FRAGT_HEAD64_PREFETCH", default)
-        for D, asked, want in ((64, None, default), (64, 1, 1), (64, 0, 0), (128, None, 0), (128, 1, 1)):
-            q, lc, meta = build_case("int8", "fp8_e4m3", [3000, 9], 9, 3, D, 16)
+        # SmolLM2's 3 kv heads: 1 x 32768 plans 128 splits (384 programs, thin), 8 x 8192 64 (1536, not)
+        for D, lens, splits, asked, want in ((64, [32768], 128, None, default), (64, [8192] * 8, 64, None, 0),
+                                             (64, [8192] * 8, 64, 1, 1), (64, [32768], 128, 0, 0),
+                                             (128, [32768], None, None, 0), (128, [3000, 9], None, 1, 1)):
+            q, lc, meta = build_case("int8", "fp8_e4m3", lens, 9, 3, D, 16)
             plan = da.plan_decode(q, lc, meta, 0.1, variant="fragt", prefetch=asked)
             assert plan.variant == "fragt"
-            assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, asked, default)
+            if splits:
+                assert plan.grid[2] == splits, plan.grid
+            assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, lens[:1], asked, default)
 
 
 @pytest.mark.gpu

@@ -53,7 +53,7 @@ from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
     choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, int4_ring_default, merge_chunk,
-    merge_counters, merge_warps, pdl_mode, SMALL_HEAD_MAXNREG,
+    merge_counters, merge_warps, pdl_mode, SMALL_HEAD_MAXNREG, _sm_count,
 )
 from kvpack.kernels.quant import (
     INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
@@ -109,8 +109,12 @@ FRAGT_HEAD64_MAXNREG = 128
 # split counts this gives against 4 tiles' (SmolLM2 8 x 8192: 64 against 32, int8 16.54 -> 13.35 us, fp8_e4m3 15.45 ->
 # 13.53; 32 x 4096: 22 against 16, int8 21.43 -> 20.82, fp8_e4m3 21.18 -> 21.66; Llama-3.2-1B 8 x 8192: 32 either way)
 FRAGT_HEAD64_MIN_TILES = 2
-# ... and its L2 prefetch distance in tiles (`decode_frag._fragt_tile8`'s L2PF; 0: none); KVPACK_FRAGT_HEAD64_PREFETCH
-FRAGT_HEAD64_PREFETCH = int(os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "0"))
+# ... and its L2 prefetch distance in tiles (`decode_frag._fragt_tile8`'s L2PF; KVPACK_FRAGT_HEAD64_PREFETCH), taken where
+# the grid has at most FRAGT_HEAD64_PREFETCH_PER_SM programs a multiprocessor (of the 16 one holds). H200, per layer,
+# side by side (results/head64_s34): SmolLM2 1 x 32768 (384 programs, 2.9 an SM) int8 15.5 -> 11.8 us, fp8_e4m3 14.4 ->
+# 11.8; with 11.6-16 an SM (8 x 8192, 32 x 4096) 4-16 % slower, 2 tiles ahead slower still
+FRAGT_HEAD64_PREFETCH = int(os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "1"))
+FRAGT_HEAD64_PREFETCH_PER_SM = 4
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -852,7 +856,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         elif block_size < 16 and not int4:  # the ring's scale copies need 4-byte alignment
             prefetch = 0
         if variant == "fragt" and not int4:  # 8-bit codes transposed: direct loads (no ring), an L2 prefetch
-            prefetch = (FRAGT_HEAD64_PREFETCH if head64 else 0) if asked_prefetch is None else asked_prefetch
+            prefetch = asked_prefetch
+            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`)
+                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)
+                prefetch = FRAGT_HEAD64_PREFETCH if head64 and thin else 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128

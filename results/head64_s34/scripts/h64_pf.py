@@ -13,11 +13,27 @@ SHAPES = {"smollm2-32x4096": Shape("smollm2-32x4096", 32, 4096, 9, 3, 64),
           "smollm2-8x8192": Shape("smollm2-8x8192", 8, 8192, 9, 3, 64),
           "smollm2-1x32768": Shape("smollm2-1x32768", 1, 32768, 9, 3, 64),
           "llama1b-32x4096": Shape("llama1b-32x4096", 32, 4096, 32, 8, 64),
-          "llama1b-8x8192": Shape("llama1b-8x8192", 8, 8192, 32, 8, 64)}
+          "llama1b-8x8192": Shape("llama1b-8x8192", 8, 8192, 32, 8, 64),
+          # call 2: grids between 1.5 and 8 programs an SM (the prefetch rule's boundary)
+          "smollm2-1x8192": Shape("smollm2-1x8192", 1, 8192, 9, 3, 64),
+          "smollm2-4x4096": Shape("smollm2-4x4096", 4, 4096, 9, 3, 64),
+          "smollm2-2x16384": Shape("smollm2-2x16384", 2, 16384, 9, 3, 64),
+          "smollm2-4x8192": Shape("smollm2-4x8192", 4, 8192, 9, 3, 64),
+          "llama1b-1x8192": Shape("llama1b-1x8192", 1, 8192, 32, 8, 64),
+          "llama1b-1x32768": Shape("llama1b-1x32768", 1, 32768, 32, 8, 64)}
 # (name, FRAGT_HEAD64_MAXNREG, FRAGT_HEAD64_PREFETCH, plan_decode kwargs)
+# (call 1 ran FRAGT_HEAD64_PREFETCH = 0 as the default; call 2 the rule: 1 where the grid is thin)
 QUANT = [("pf0 cap128", 128, 0, {}), ("pf1 cap128", 128, 1, {}), ("pf2 cap128", 128, 2, {}),
          ("pf0 cap136", 136, 0, {}), ("pf1 cap136", 136, 1, {})]
+if os.environ.get("RUNSET") == "rule":  # call 2: explicit prefetch 0 / 1 and the plan's rule, optional split counts
+    QUANT = [("pf0", 128, 0, {"prefetch": 0}), ("pf1", 128, 1, {"prefetch": 1}), ("rule", 128, 1, {})]
+    for sp in [int(x) for x in os.environ.get("SPLITS", "").split(",") if x]:
+        QUANT += [(f"pf0 s{sp}", 128, 0, {"prefetch": 0, "num_splits": sp}),
+                  (f"pf1 s{sp}", 128, 1, {"prefetch": 1, "num_splits": sp})]
 RUNS = {"bf16": [("default", 128, 0, {})], "int8": QUANT, "int8-static": QUANT, "fp8_e4m3": QUANT}
+
+
+DEFAULT_PF = da.FRAGT_HEAD64_PREFETCH
 
 
 def main():
@@ -46,14 +62,14 @@ def main():
                         print(shape.name, fmt, name, "ERR", type(e).__name__, str(e)[:300], flush=True)
                         continue
                     finally:
-                        da.FRAGT_HEAD64_MAXNREG, da.FRAGT_HEAD64_PREFETCH = 128, 0
+                        da.FRAGT_HEAD64_MAXNREG, da.FRAGT_HEAD64_PREFETCH = 128, DEFAULT_PF
                     if fmt == "bf16":
                         base[rnd] = us
                     same = None
                     if ref is None:
-                        ref = out
+                        ref, ref_grid = out, plan.grid
                     else:
-                        same = bool(torch.equal(out, ref))
+                        same = bool(torch.equal(out, ref)) if plan.grid == ref_grid else None
                     r = {"shape": shape.name, "format": fmt, "run": name, "round": rnd, "variant": plan.variant,
                          "splits": plan.grid[2], "maxnreg": plan.options.get("maxnreg", 0),
                          "prefetch": plan.args[plan.kernel.arg_names.index("PREFETCH")] if plan.variant == "fragt" else None,
