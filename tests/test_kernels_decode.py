@@ -415,7 +415,8 @@ def test_fragt_head64_splits(batch, ctx, Hq, Hkv, want, want4, monkeypatch):
                                                    ("bfloat16", "bfloat16", 32, "dot")])
 def test_fragt_scope(k_name, v_name, Hq, want, monkeypatch):
     """"fragt" takes int4 K and V, or 8-bit codes on both sides, at GQA groups <= 8 (the MMA's n = 8),
-    else the fallback; 8-bit codes load directly there (no cp.async ring: PREFETCH 0)."""
+    else the fallback; PREFETCH an L2 prefetch distance there, the asked one (int4 without its ring; 8-bit codes,
+    which load directly: no cp.async ring)."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
@@ -423,7 +424,7 @@ def test_fragt_scope(k_name, v_name, Hq, want, monkeypatch):
     plan = da.plan_decode(q, lc, meta, 0.1, variant="fragt", prefetch=1)
     assert plan.variant == want
     if want == "fragt":
-        assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == (1 if k_name == "int4" else 0)
+        assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == 1
 
 
 @pytest.mark.gpu
