@@ -111,10 +111,11 @@ FRAGT_HEAD64_MAXNREG = 128
 FRAGT_HEAD64_MIN_TILES = 2
 # ... and its L2 prefetch distance in tiles (`decode_frag._fragt_tile8`'s L2PF; KVPACK_FRAGT_HEAD64_PREFETCH), taken where
 # the grid has at most FRAGT_HEAD64_PREFETCH_PER_SM programs a multiprocessor (of the 16 one holds). H200, per layer,
-# side by side (results/head64_s34): SmolLM2 1 x 32768 (384 programs, 2.9 an SM) int8 15.5 -> 11.8 us, fp8_e4m3 14.4 ->
-# 11.8; with 11.6-16 an SM (8 x 8192, 32 x 4096) 4-16 % slower, 2 tiles ahead slower still
+# side by side (results/head64_s34), int8 / fp8_e4m3: 1.5-3.9 programs an SM (SmolLM2 1 x 8192, 4 x 4096, 1 x 32768;
+# Llama-3.2-1B 1 x 8192) 0.76-0.86x the time without it (1 x 32768: 15.5 -> 11.8 us), 5.8-7.8 (SmolLM2 2 x 16384,
+# 4 x 8192; Llama-3.2-1B 1 x 32768) 0.93-0.97x; 11.6-16 (8 x 8192, 32 x 4096) 1.04-1.16x; 2 tiles ahead slower
 FRAGT_HEAD64_PREFETCH = int(os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "1"))
-FRAGT_HEAD64_PREFETCH_PER_SM = 4
+FRAGT_HEAD64_PREFETCH_PER_SM = 8
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 

@@ -31,6 +31,9 @@ if os.environ.get("RUNSET") == "rule":  # call 2: explicit prefetch 0 / 1 and th
         QUANT += [(f"pf0 s{sp}", 128, 0, {"prefetch": 0, "num_splits": sp}),
                   (f"pf1 s{sp}", 128, 1, {"prefetch": 1, "num_splits": sp})]
 RUNS = {"bf16": [("default", 128, 0, {})], "int8": QUANT, "int8-static": QUANT, "fp8_e4m3": QUANT}
+if os.environ.get("RUNSET") == "dot":  # call 4: "dot" at head dim 64 (bf16, int4) with its L2 prefetch 0 / 1
+    DOT = [("pf0", 128, 0, {"prefetch": 0}), ("pf1", 128, 0, {"prefetch": 1})]
+    RUNS = {"bf16": DOT, "int4": DOT}
 
 
 DEFAULT_PF = da.FRAGT_HEAD64_PREFETCH
