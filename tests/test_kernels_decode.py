@@ -344,6 +344,27 @@ def test_fragt_head64_prefetch_plan(monkeypatch):
             assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, lens[:1], asked, default)
 
 
+@pytest.mark.parametrize("k_name,D,lens,want", [
+    ("int4", 64, [8192] * 8, 1), ("int4", 64, [32768], 1), ("int4", 128, [4096] * 32, 1), ("int4", 256, [4096], 0),
+    ("bfloat16", 64, [32768], 1), ("bfloat16", 64, [8192], 1), ("bfloat16", 64, [4096] * 32, 0),
+    ("bfloat16", 64, [8192] * 8, 0), ("bfloat16", 128, [32768], 0), ("float32", 64, [32768], 0),
+    ("int8", 64, [32768], 0)])
+def test_dot_prefetch_plan(k_name, D, lens, want, monkeypatch):
+    """"dot"'s L2 prefetch (`default_prefetch`): int4 K and V at head dims 64-128; 16-bit caches at head dim <= 64 where
+    the grid has <= FLOAT_PREFETCH_PER_SM programs a multiprocessor (SmolLM2's 3 kv heads: 1 x 32768 and 1 x 8192, not
+    32 x 4096 or 8 x 8192); never int8 there ("fragt" off) nor float32. CPU, planned as on an H200 (132 multiprocessors)."""
+    import kvpack.kernels.decode_attention as da
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.setattr(da, "INTERPRET", False)
+    monkeypatch.setattr(da, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
+    q, lc, meta = build_case(k_name, k_name, lens, 9, 3, D, 16)
+    plan = da.plan_decode(q, lc, meta, 0.1, variant="dot")
+    assert plan.variant == "dot", plan.variant
+    assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (plan.grid,)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("v_name", ["int8", "fp8_e4m3"])
 @pytest.mark.parametrize("splits", [None, 1, 3])

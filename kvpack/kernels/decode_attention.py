@@ -116,6 +116,7 @@ FRAGT_HEAD64_MIN_TILES = 2
 # 4 x 8192; Llama-3.2-1B 1 x 32768) 0.93-0.97x; 11.6-16 (8 x 8192, 32 x 4096) 1.04-1.16x; 2 tiles ahead slower
 FRAGT_HEAD64_PREFETCH = int(os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "1"))
 FRAGT_HEAD64_PREFETCH_PER_SM = 8
+FLOAT_PREFETCH_PER_SM = 4  # 16-bit caches at head dim <= 64: "dot"'s L2 prefetch up to this many programs an SM
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
 
@@ -709,12 +710,21 @@ def _needs_idx64(*pools) -> bool:
     return any(t is not None and max_offset(t) >= 2**31 - 1 for p in pools for t in (p.codes, p.scales, p.zeros))
 
 
-def default_prefetch(kp, vp, head_dim: int) -> int:
-    """L2 prefetch distance in tiles (`_attend_tile`), measured on an H200 (results/attention_tune_s5):
-    one tile ahead took int4 K and V 3-7 % faster at head_dim 128; int8 and fp8_e4m3 ran 3-11 %
-    slower with it (their tile math, not DRAM latency, is the bound), so they and the unmeasured
-    cases keep none."""
-    return 1 if kp.fmt.kind == vp.fmt.kind == "int4" and 64 < head_dim <= 128 else 0
+def default_prefetch(kp, vp, head_dim: int, programs: int = 0, sms: int = 1) -> int:
+    """L2 prefetch distance in tiles (`_attend_tile`) of "dot" for a grid of `programs` on `sms` multiprocessors,
+    measured on an H200. int4 K and V: one tile ahead, at head dims 65-128 3-7 % faster (results/attention_tune_s5),
+    at 64 0.79-0.99x the time at every SmolLM2 / Llama-3.2-1B shape measured (session 34, results/head64_s34, per
+    layer: SmolLM2 1 x 32768 20.6 -> 16.3 us, 32 x 4096 22.0 -> 21.7). 16-bit K and V at head dim <= 64: one tile ahead
+    where the grid has <= FLOAT_PREFETCH_PER_SM programs a multiprocessor (0.93-0.95x at 2-3 an SM, SmolLM2 1 x 8192,
+    4 x 4096, 1 x 32768; level at 5.8, 1.03-1.08x from 7.8 up). int8 and fp8_e4m3 ran 3-11 % slower with it at 128
+    (their tile math, not DRAM latency, is the bound), so they and the unmeasured cases keep none ("fragt" at head
+    dim 64 has its own rule: `FRAGT_HEAD64_PREFETCH_PER_SM`)."""
+    if kp.fmt.kind == vp.fmt.kind == "int4" and 64 <= head_dim <= 128:
+        return 1
+    if (kp.fmt.kind == vp.fmt.kind == "float" and torch.float32 not in (kp.codes.dtype, vp.codes.dtype)
+            and head_dim <= 64 and programs <= FLOAT_PREFETCH_PER_SM * sms):
+        return 1
+    return 0
 
 
 def default_tile(kp, vp, head_dim: int) -> tuple[int, int, int]:
@@ -965,7 +975,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     args += [group, group_pad, D, d_pad, half_pad, block_size, block_n, split_out,
              *k_c, *v_c, INTERPRET, fast_cvt,
              _needs_idx64(kp, vp) if index64 is None else index64,
-             0 if INTERPRET else default_prefetch(kp, vp, D) if prefetch is None else prefetch,
+             0 if INTERPRET else default_prefetch(kp, vp, D, B * Hkv * num_splits, _sm_count(dev)) if prefetch is None
+             else prefetch,
              variant == "imma"]
     mg, ch = merge_chunk(group, d_pad, num_splits, num_warps) if fused else (1, 0)
     args += [v_mean, hb, hadamard_norm(hb), rot_q, *(rot_args if in_kernel else (False, False)), cnt, mg, ch]
