@@ -10,6 +10,7 @@ and both outputs are rounded to fp16 (one ulp is 9.8e-4 at magnitude 1-2): |out 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -342,6 +343,21 @@ def test_fragt_head64_prefetch_plan(monkeypatch):
             if splits:
                 assert plan.grid[2] == splits, plan.grid
             assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, lens[:1], asked, default)
+
+
+@pytest.mark.parametrize("value,ok", [("0", True), ("2", True), (" 1 ", True), ("x", False), ("-1", False), ("9", False)])
+def test_fragt_head64_prefetch_env(value, ok):
+    """KVPACK_FRAGT_HEAD64_PREFETCH takes 0-4; anything else stops the import with an error that names it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KVPACK_FRAGT_HEAD64_PREFETCH=value)
+    r = subprocess.run([sys.executable, "-c", "import kvpack.kernels.decode_attention as d; print(d.FRAGT_HEAD64_PREFETCH)"],
+                       env=env, capture_output=True, text=True)
+    if ok:
+        assert r.returncode == 0 and r.stdout.strip() == value.strip(), r.stderr[-500:]
+    else:
+        assert r.returncode != 0 and "KVPACK_FRAGT_HEAD64_PREFETCH" in r.stderr and "0 (none) or 1-4" in r.stderr
 
 
 @pytest.mark.parametrize("k_name,D,lens,want", [

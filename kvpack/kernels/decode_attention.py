@@ -114,7 +114,10 @@ FRAGT_HEAD64_MIN_TILES = 2
 # side by side (results/head64_s34), int8 / fp8_e4m3: 1.5-3.9 programs an SM (SmolLM2 1 x 8192, 4 x 4096, 1 x 32768;
 # Llama-3.2-1B 1 x 8192) 0.76-0.86x the time without it (1 x 32768: 15.5 -> 11.8 us), 5.8-7.8 (SmolLM2 2 x 16384,
 # 4 x 8192; Llama-3.2-1B 1 x 32768) 0.93-0.97x; 11.6-16 (8 x 8192, 32 x 4096) 1.04-1.16x; 2 tiles ahead slower
-FRAGT_HEAD64_PREFETCH = int(os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "1"))
+_PF_ENV = os.environ.get("KVPACK_FRAGT_HEAD64_PREFETCH", "1").strip()
+if not (_PF_ENV.isdigit() and int(_PF_ENV) <= 4):
+    raise ValueError(f"KVPACK_FRAGT_HEAD64_PREFETCH={_PF_ENV!r}: 0 (none) or 1-4 (the L2 prefetch distance in tiles)")
+FRAGT_HEAD64_PREFETCH = int(_PF_ENV)
 FRAGT_HEAD64_PREFETCH_PER_SM = 8
 FLOAT_PREFETCH_PER_SM = 4  # 16-bit caches at head dim <= 64: "dot"'s L2 prefetch up to this many programs an SM
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)

@@ -132,7 +132,11 @@ data between lanes.
   int8 MMAs the kernel took 166 registers (capped at 128: 101 local loads / stores). H200, per layer, against the former "imma" /
   "dot" (results/head64_s33): SmolLM2 (9 / 3 heads) 32 x 4096 int8 24.3 -> 21.4 us, int8-static 22.2 -> 20.0,
   fp8_e4m3 28.1 -> 21.2; Llama-3.2-1B (32 / 8 heads) 32 x 4096 int8 50.2 -> 47.8, int8-static 45.3 -> 40.4, fp8_e4m3
-  59.7 -> 44.4; faster at each of the five shapes measured.
+  59.7 -> 44.4; faster at each of the five shapes measured. Session 34 (`_prefetch_tile8`, PREFETCH > 0): each tile
+  asks L2 for the tile PREFETCH ahead before its own loads (one address a lane: tokens 2 lane and 2 lane + 1 share a
+  128-byte line), and the first PREFETCH tiles before q's loads; `plan_decode` takes one tile where the grid has <= 8
+  programs a multiprocessor (`decode_attention.FRAGT_HEAD64_PREFETCH_PER_SM`; H200, per layer, results/head64_s34:
+  0.76-0.97x the time there, SmolLM2 1 x 32768 int8 15.5 -> 11.8 us; 1.04-1.16x on fuller grids). The same output bits.
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 (8-bit codes in "fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
