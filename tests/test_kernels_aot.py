@@ -204,7 +204,7 @@ def variants():
             plan = plan_decode(q, lc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="fragt")
             assert plan.variant == "fragt", plan.variant
             out.append((f"decode-t8h64/{name}/D64/splits{splits}", plan.kernel, plan.args, plan.options))
-        if name in ("int8", "fp8_e4m3"):  # with the L2 prefetch (`decode_frag._prefetch_tile8`)
+        if name in ("int8", "fp8_e4m3"):  # with the L2 prefetch (`decode_frag._prefetch_tile`, STEP 2)
             plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="fragt", prefetch=1)
             out.append((f"decode-t8h64/{name}/D64/splits2/pf1", plan.kernel, plan.args, plan.options))
     # the q / output rotation around the attention kernels (rotated formats, centered V)

@@ -304,7 +304,7 @@ def test_decode_fragt_8bit_head64_gpu(k_name, v_name, block_size, splits, Hq, Hk
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 def test_decode_fragt_head64_prefetch_gpu(k_name, v_name, block_size, splits):
-    """Head dim 64's L2 prefetch (`decode_frag._prefetch_tile8`, 1 or 2 tiles ahead, and the first tiles before q's
+    """Head dim 64's L2 prefetch (`decode_frag._prefetch_tile`, STEP 2, 1 or 2 tiles ahead, and the first tiles before q's
     loads) is a hint: the same output bits as without it, splits past a sequence's end (no tokens) included."""
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 

@@ -132,7 +132,7 @@ data between lanes.
   int8 MMAs the kernel took 166 registers (capped at 128: 101 local loads / stores). H200, per layer, against the former "imma" /
   "dot" (results/head64_s33): SmolLM2 (9 / 3 heads) 32 x 4096 int8 24.3 -> 21.4 us, int8-static 22.2 -> 20.0,
   fp8_e4m3 28.1 -> 21.2; Llama-3.2-1B (32 / 8 heads) 32 x 4096 int8 50.2 -> 47.8, int8-static 45.3 -> 40.4, fp8_e4m3
-  59.7 -> 44.4; faster at each of the five shapes measured. Session 34 (`_prefetch_tile8`, PREFETCH > 0): each tile
+  59.7 -> 44.4; faster at each of the five shapes measured. Session 34 (`_prefetch_tile`, PREFETCH > 0): each tile
   asks L2 for the tile PREFETCH ahead before its own loads (one address a lane: tokens 2 lane and 2 lane + 1 share a
   128-byte line), and the first PREFETCH tiles before q's loads; `plan_decode` takes one tile where the grid has <= 8
   programs a multiprocessor (`decode_attention.FRAGT_HEAD64_PREFETCH_PER_SM`; H200, per layer, results/head64_s34:
@@ -183,6 +183,7 @@ K4_LOAD = gl.BlockedLayout(size_per_thread=[8, 1, 1, 16], threads_per_warp=[1, 8
 V4_LOAD = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 8], threads_per_warp=[1, 1, 4, 1, 8, 1],
                            warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
 PF_TOK = gl.BlockedLayout(size_per_thread=[2], threads_per_warp=[32], warps_per_cta=[1], order=[0])  # [64] tokens
+PF_TOK32 = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[1], order=[0])  # [32]
 K4_S = gl.SliceLayout(3, K4_LOAD)  # [i, nl, t]: a lane's group parameters per token
 V4_S = gl.SliceLayout(5, V4_LOAD)  # [s, h, t, e, nl]
 
@@ -449,11 +450,21 @@ def _int4_dequant_k(c, s_lo, z_lo, s_hi, z_hi):
 def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                    BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr,
-                   KI4: gl.constexpr, VI4: gl.constexpr):
+                   KI4: gl.constexpr, VI4: gl.constexpr, STEP: gl.constexpr = 1, MASK_END: gl.constexpr = False):
     """L2 prefetch (`prefetch.global.L2`: no registers, no wait) of the 64-token tile at n0 (tokens
-    clamped to end - 1): each token's code row, and its scale (and int4 zero-point) row."""
-    tok = gl.minimum(n0 + gl.arange(0, 64, layout=PF_TOK), end - 1)
-    blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32))
+    clamped to end - 1): each token's code row, and its scale (and int4 zero-point) row. STEP 2: every other
+    token only (8-bit codes at head dim 64: rows of 64 bytes, so tokens 2 i and 2 i + 1 share a 128-byte line where
+    the rows are contiguous in a block). MASK_END: a split without tokens (end <= n0) reads block 0, which every pool
+    has, from the block table."""
+    if STEP == 1:
+        tok = gl.minimum(n0 + gl.arange(0, 64, layout=PF_TOK), end - 1)
+    else:
+        tok = gl.minimum(n0 + gl.arange(0, 64 // STEP, layout=PF_TOK32) * STEP, end - 1)
+    if MASK_END:
+        tok = gl.maximum(tok, 0)
+        blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=tok < end, other=0)
+    else:
+        blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32))
     if IDX64:
         blk = blk.to(gl.int64)
     off = tok & (BLOCK_SIZE - 1)
@@ -1263,33 +1274,6 @@ def _t_row_vec(ptr, nblk, noff, nmask, h, ss0, ss1, ss2, MASKED: gl.constexpr):
     return _ld(ptr + sr, nmask, MASKED).to(gl.float32)
 
 
-PF_TOK32 = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[1], order=[0])  # [32]
-
-
-@gluon.jit
-def _prefetch_tile8(n0, end, h, bt_row, kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                    vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                    BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr,
-                    D: gl.constexpr):
-    """`_prefetch_tile` for 8-bit codes at head dim D 64 (rows of 64 bytes: a lane prefetches tokens 2 lane and
-    2 lane + 1 by one address, the 128-byte line they share where the rows are contiguous in a block; head dim 128:
-    a lane's two tokens, two addresses), tokens clamped to end - 1 (a split without tokens: block 0's rows, which
-    every pool has); each token's scale row as its code row's."""
-    STEP: gl.constexpr = 128 // D
-    for e in gl.static_range(2 // STEP):
-        tok = gl.maximum(gl.minimum(n0 + gl.arange(0, 32, layout=PF_TOK32) * 2 + e, end - 1), 0)
-        blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=tok < end, other=0)
-        if IDX64:
-            blk = blk.to(gl.int64)
-        off = tok & (BLOCK_SIZE - 1)
-        prefetch_l2(kc_ptr + blk * k_cs0 + h * k_cs1 + off * k_cs2)
-        prefetch_l2(vc_ptr + blk * v_cs0 + h * v_cs1 + off * v_cs2)
-        if not K_STATIC:
-            prefetch_l2(ks_ptr + blk * k_ss0 + h * k_ss1 + off * k_ss2)
-        if not V_STATIC:
-            prefetch_l2(vs_ptr + blk * v_ss0 + h * v_ss1 + off * v_ss2)
-
-
 @gluon.jit
 def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
@@ -1302,11 +1286,11 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
     O^T [D, 8] += V^T @ P^T (head dim D 128 or 64). L2PF > 0: the tile L2PF ahead is prefetched into L2
-    (`_prefetch_tile8`) before this tile's loads are issued (its addresses dead before the codes arrive)."""
+    (`_prefetch_tile`) before this tile's loads are issued (its addresses dead before the codes arrive)."""
     if L2PF > 0:
-        _prefetch_tile8(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                        BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, D)
+        _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                       vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                       BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, True)
     g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED, D)
     vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
@@ -1394,11 +1378,11 @@ def _fragt_decode_kernel(
     KI4: gl.constexpr = K_FMT == K_FMT_INT4
     KI8: gl.constexpr = K_FMT == K_FMT_INT8 and not K8_F16  # int8 K through int8 MMAs (K8_F16: as fp16, fp16 MMAs)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
-    if not KI4 and PREFETCH > 0:  # 8-bit codes: the first PREFETCH tiles into L2 before q's loads (`_prefetch_tile8`)
+    if not KI4 and PREFETCH > 0:  # 8-bit codes: the first PREFETCH tiles into L2 before q's loads (`_prefetch_tile`)
         for t in gl.static_range(PREFETCH):
-            _prefetch_tile8(start + t * 64, end, h, bt_row, kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                            vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                            BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, D)
+            _prefetch_tile(start + t * 64, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
+                           k_ss2, vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                           BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, True)
     Q_FMT: gl.constexpr = K_FMT_FP8E4M3 if K8_F16 else K_FMT  # the channel order q takes (`_q_phys`)
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
