@@ -124,9 +124,20 @@ def _wait_idle(ctx, engine, timeout=30.0):
         time.sleep(0.05)
 
 
-def test_disconnect_mid_stream_frees_blocks(server, engine):
+def test_disconnect_mid_stream_frees_blocks(server, engine, monkeypatch):
     url, ctx = server
     _wait_idle(ctx, engine)
+    # Each engine step then waits 20 ms, so the 200 tokens take >= 4 s and the request is still running when the client
+    # has read 2 of them. Unpaced, the 135M model could finish all 200 before a client on a busy CPU read its second
+    # line: CI saw the blocks already free mid-stream (sessions 32 and 34).
+    step = engine.step
+
+    def paced_step():
+        out = step()
+        time.sleep(0.02)
+        return out
+
+    monkeypatch.setattr(engine, "step", paced_step)
     free0 = engine.num_free_blocks
     gen0 = engine.counters["generation_tokens"]
     with httpx.stream("POST", url + "/v1/completions", json={
@@ -138,7 +149,6 @@ def test_disconnect_mid_stream_frees_blocks(server, engine):
                 seen.append(line)
             if len(seen) == 2:
                 break
-        # (the lines in the message: one CI run on 2 busy cores saw the blocks already free, session 32)
         assert engine.num_free_blocks < free0, (engine.num_free_blocks, free0, seen, engine.stats())
     _wait_idle(ctx, engine)
     assert not engine.has_unfinished_requests()
