@@ -1359,9 +1359,9 @@ def _fragt_decode_kernel(
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
-    PREFETCH an L2 prefetch distance (int4 without the ring, and 8-bit codes). Per 64-token tile it issues half the MMAs (32 + 32 m16n8k16 against 64 + 64) and
-    keeps a quarter of the padded softmax work; the output accumulator is [128, 8] (32 registers a lane,
-    against [16, 128]'s 64)."""
+    PREFETCH an L2 prefetch distance (int4 without the ring, and 8-bit codes). Per 64-token tile it issues half the
+    MMAs (32 + 32 m16n8k16 against 64 + 64) and keeps a quarter of the padded softmax work; the output accumulator is
+    [128, 8] (32 registers a lane, against [16, 128]'s 64)."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
         t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
