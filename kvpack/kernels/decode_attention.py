@@ -713,7 +713,7 @@ def _needs_idx64(*pools) -> bool:
     return any(t is not None and max_offset(t) >= 2**31 - 1 for p in pools for t in (p.codes, p.scales, p.zeros))
 
 
-def default_prefetch(kp, vp, head_dim: int, programs: int = 0, sms: int = 1) -> int:
+def default_prefetch(kp, vp, head_dim: int, programs: int, sms: int) -> int:
     """L2 prefetch distance in tiles (`_attend_tile`) of "dot" for a grid of `programs` on `sms` multiprocessors,
     measured on an H200. int4 K and V: one tile ahead, at head dims 65-128 3-7 % faster (results/attention_tune_s5),
     at 64 0.79-0.99x the time at every SmolLM2 / Llama-3.2-1B shape measured (session 34, results/head64_s34, per
