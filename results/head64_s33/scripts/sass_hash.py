@@ -1,4 +1,5 @@
-"""sm_90 SASS hash of every Gluon decode variant the AOT test plans (run from a tree's root)."""
+"""sm_90 SASS hash of every Gluon decode variant the AOT test plans at head dim 128 (run from a tree's root):
+python sass_hash.py out.json [--all]; --all (session 34): every head dim."""
 import os, sys, hashlib, json
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.getcwd())
@@ -8,7 +9,7 @@ from triton.experimental.gluon import _runtime as gr
 from tests.test_kernels_aot import variants, signature, split_options, disassemble
 out = {}
 for name, fn, args, opts in variants():
-    if not isinstance(fn, gr.GluonJITFunction) or "D128" not in name:
+    if not isinstance(fn, gr.GluonJITFunction) or ("D128" not in name and "--all" not in sys.argv):
         continue
     own, o = split_options(fn, opts)
     sig, consts, attrs = signature(fn, args, own)
