@@ -913,19 +913,20 @@ def test_decode_rotation_placement(k_name, v_name, D, splits, means, dtype):
                                                     ("frag", "int8", "fp8_e4m3")])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("gluon_rot", [True, False])
-@pytest.mark.parametrize("one_split", [True, False])
-def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, one_split, monkeypatch):
+@pytest.mark.parametrize("one_split,epilogue", [(True, True), (True, False), (False, True)])
+def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, one_split, epilogue, monkeypatch):
     """"fragt" rotates q as it loads it and, with one split, forms out @ R + V mean in its epilogue
     (`decode_frag._q_rot`, `_store_out_rot`; session 19): no `rotate_heads` around it, the output in q's
     dtype. "frag" rotates q itself with 8-bit codes only (with int4 its code spilled), and leaves out @ R + V mean
-    to the merge kernel: with split-K, and with one split where FRAG_ROT_ONE_SPLIT (session 22; it stores its
-    output as a split's partial), else to `rotate_heads`. KVPACK_GLUON_ROT_Q=0
-    (`GLUON_ROT_Q`) puts both back in `rotate_heads`."""
+    to the merge kernel with split-K; with one split where FRAG_ROT_ONE_SPLIT it forms them in its own epilogue
+    (FRAG_ROT_EPILOGUE, session 35) or stores its output as a split's partial for the merge kernel (session 22),
+    else leaves them to `rotate_heads`. KVPACK_GLUON_ROT_Q=0 (`GLUON_ROT_Q`) puts both back in `rotate_heads`."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
     monkeypatch.setattr(da, "GLUON_ROT_Q", gluon_rot)
     monkeypatch.setattr(da, "FRAG_ROT_ONE_SPLIT", one_split)
+    monkeypatch.setattr(da, "FRAG_ROT_EPILOGUE", epilogue)
     q, lc, meta = build_case(k_name, v_name, [300, 9], 32, 8, 128, 16)
     lc = dataclasses.replace(lc, v_mean=torch.zeros(8, 128))
     plan = da.plan_decode(q, lc, meta, 0.1, num_splits=splits, variant=variant, merge="separate")
@@ -935,8 +936,8 @@ def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, on
     in_kernel = gluon_rot and (variant == "fragt" or (splits > 1 or one_split) and "int4" not in (k_name, v_name))
     assert arg("ROT_Q") == (in_kernel and lc.k.fmt.rotate)
     assert plan.rotate_q == (not in_kernel and lc.k.fmt.rotate)
-    in_epilogue = in_kernel and splits == 1 and variant == "fragt"
-    in_merge = splits > 1 or in_kernel and variant == "frag"  # ("frag" with one split: its output as a partial)
+    in_epilogue = in_kernel and splits == 1 and (variant == "fragt" or epilogue)
+    in_merge = splits > 1 or in_kernel and not in_epilogue  # ("frag" with one split: its output as a partial)
     assert (arg("ROT_OUT"), arg("OUT_MEAN")) == ((lc.v.fmt.rotate, True) if in_epilogue else (False, False))
     assert arg("SPLIT") == in_merge and (plan.merge_grid is not None) == in_merge
     assert (plan.post is None) == (in_epilogue or in_merge)  # else out @ R + mean by `rotate_heads`
@@ -950,11 +951,11 @@ def test_gluon_rotation_placement(variant, k_name, v_name, splits, gluon_rot, on
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("means", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("one_split", [True, False])
-def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, one_split, monkeypatch):
-    """q @ R in the Gluon kernels' prologue and out @ R + V mean in "fragt"'s one-split epilogue (session 19)
-    against the reference, and against the same kernels with both rotations by `rotate_heads`
-    (GLUON_ROT_Q off): both within the reference tolerance (bf16: test_decode_bf16's)."""
+@pytest.mark.parametrize("one_split,epilogue", [(True, True), (True, False), (False, True)])
+def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, one_split, epilogue, monkeypatch):
+    """q @ R in the Gluon kernels' prologue and out @ R + V mean in the one-split epilogues ("fragt": session 19;
+    "frag": FRAG_ROT_EPILOGUE, session 35) against the reference, and against the same kernels with both rotations
+    by `rotate_heads` (GLUON_ROT_Q off): both within the reference tolerance (bf16: test_decode_bf16's)."""
     import kvpack.kernels.decode_attention as da
 
     lens = [1, 17, 64, 1000, 257]
@@ -963,6 +964,7 @@ def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, one_s
     ref = reference.paged_attention(q, lc, meta, scale).float()
     tol = 1e-2 if dtype == torch.bfloat16 else ATOL
     monkeypatch.setattr(da, "FRAG_ROT_ONE_SPLIT", one_split)
+    monkeypatch.setattr(da, "FRAG_ROT_EPILOGUE", epilogue)
     for on in (True, False):
         monkeypatch.setattr(da, "GLUON_ROT_Q", on)
         plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant)
@@ -972,6 +974,47 @@ def test_gluon_rotation_gpu(variant, k_name, v_name, splits, means, dtype, one_s
         assert out.dtype == dtype
         err = ((out.float() - ref).abs() - tol * ref.abs()).max().item()
         assert err <= tol, (variant, k_name, v_name, splits, means, dtype, on, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("int8", "fp8_e4m3"),
+                                           ("fp8_e4m3-static", "fp8_e5m2-static"), ("fp8_e5m2", "int8"),
+                                           ("int8", "int8")])
+@pytest.mark.parametrize("means", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group", [4, 1, 7])
+def test_frag_rot_epilogue_bits_gpu(k_name, v_name, means, dtype, group, monkeypatch):
+    """"frag" with one split forms out @ R + V mean in its epilogue, in the MMA accumulator layout, its butterfly
+    stages in the order of the output channel's bits (`decode_frag._frag_hadamard_mma`, session 35): the same bits
+    as its output stored as a partial and rotated by the merge kernel (`_store_out`), which it replaces; and
+    within the reference tolerance. Odd lengths, a sequence without a query, random block tables; a group of 7
+    leaves padding rows in the accumulator."""
+    import kvpack.kernels.decode_attention as da
+
+    lens = [1, 17, 64, 1000, 257, 4099]
+    hkv = 8 if group != 7 else 2
+    q, lc, meta = merge_case(k_name, v_name, 128, lens, hkv * group, hkv, dtype, means, device="cuda")
+    # sequence 2 without a query token (its rows of q dropped), sequence 4 a graph's padding row (length 0)
+    qsl = torch.tensor([0, 1, 2, 2, 3, 4, 5], dtype=torch.int32, device="cuda")
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[4] = 0
+    meta = dataclasses.replace(meta, query_start_loc=qsl, seq_lens=seq_lens)
+    q = torch.cat([q[:2], q[3:]]).contiguous()
+    scale = 128 ** -0.5
+    outs = {}
+    for epilogue in (True, False):
+        monkeypatch.setattr(da, "FRAG_ROT_EPILOGUE", epilogue)
+        plan = da.plan_decode(q, lc, meta, scale, num_splits=1, variant="frag")
+        assert plan.variant == "frag" and plan.post is None
+        rotated = lc.v.fmt.rotate or lc.v_mean is not None
+        assert (plan.merge_grid is None) == (epilogue or not rotated), (epilogue, rotated)
+        outs[epilogue] = da.decode_paged_attention(q, lc, meta, scale, num_splits=1, variant="frag")
+    assert torch.equal(outs[True], outs[False])
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    tol = 1e-2 if dtype == torch.bfloat16 else ATOL
+    err = ((outs[True].float() - ref).abs() - tol * ref.abs()).max().item()
+    assert err <= tol, (k_name, v_name, means, dtype, group, err)
+    assert outs[True].shape == q.shape and torch.isfinite(outs[True]).all()
 
 
 def merge_case(k_name, v_name, D, lens, Hq, Hkv, dtype, means, device="cpu"):

@@ -74,6 +74,11 @@ GLUON_ROT_Q = os.environ.get("KVPACK_GLUON_ROT_Q", "1") != "0"
 # session 22, H200, per layer: fp8 at 64 x 2048 79.0 -> 75.8 us, 128 x 1024 84.8 -> 82.3-83.5, against
 # `rotate_heads` before and after); KVPACK_FRAG_ROT_ONE_SPLIT=0 puts them back there (measuring), read at import
 FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
+# ... and with one split "frag" forms out @ R + V mean in its own epilogue, in the MMA accumulator layout
+# (`decode_frag._frag_hadamard_mma`, session 35; the merge kernel's bits), instead of storing a partial for the
+# merge kernel (H200, per layer, results/frag_epilogue_s35: fp8 at 64 x 2048 0.97x, at 128 x 1024 0.93-0.95x the
+# time); KVPACK_FRAG_ROT_EPILOGUE=0 puts them back in the merge kernel (measuring), read at import
+FRAG_ROT_EPILOGUE = os.environ.get("KVPACK_FRAG_ROT_EPILOGUE", "1") != "0"
 # "fragt" on int4 K and V (groups of 32, 64 or 128, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
 # ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25 built
 # it; session 26 measured it on the H200 (results/int4_ring_s26, per layer, side by side): 0.55-0.65x bf16's time
@@ -901,8 +906,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # split, "fragt" forms out @ R + V mean in its epilogue (`decode_frag._store_out_rot`), since session 19: "fragt"
     # always (H200, int4: 0.5-5 % faster at every shape of bench_attention), "frag" with split-K (FP8: 4-6 %
     # faster at 8 x 8192 and 32 x 4096; in its one-split epilogue 3-7 % slower at 64 x 2048 and 128 x 1024, so
-    # with one split the merge kernel rotates its output since session 22: FRAG_ROT_ONE_SPLIT; not with int4
-    # on either side, where the rotation made its sm_90 code spill, 55-69 STL / LDL, against none)
+    # with one split the merge kernel rotated its output from session 22, FRAG_ROT_ONE_SPLIT, and since session 35
+    # the epilogue again, in the accumulator's layout: FRAG_ROT_EPILOGUE; not with int4 on either side, where the
+    # rotation made its sm_90 code spill, 55-69 STL / LDL, against none)
     gluon_rot = GLUON_ROT_Q and hb == D and D in (64, 128) and (variant == "fragt" or variant == "frag" and not int4
                                                               and (num_splits > 1 or FRAG_ROT_ONE_SPLIT))
     rot_q = kp.fmt.rotate and (in_kernel_ok(kp.fmt.kind) or gluon_rot)
@@ -914,10 +920,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     fused = choose_merge(num_splits, variant, merge) and not (variant in ("frag", "fragt") and D != 128)
     cnt = merge_counters(dev, B * Hkv) if fused else None
     fused = cnt is not None
-    # "frag" rotating with one split (FRAG_ROT_ONE_SPLIT): q @ R in the kernel, which stores its output as a
-    # split's partial, and out @ R + V mean in `_merge_kernel` (a dependent launch), not `rotate_heads` before
-    # and after (its epilogue doing them measured slower, session 19, and spilled in the loop, session 22)
-    one_split_merge = gluon_rot and variant == "frag" and num_splits == 1 and post is not None
+    # "frag" rotating with one split (FRAG_ROT_ONE_SPLIT): q @ R in the kernel, and out @ R + V mean in its
+    # epilogue (FRAG_ROT_EPILOGUE) or, without it, in `_merge_kernel` (a dependent launch) after the kernel stores
+    # its output as a split's partial; not `rotate_heads` before and after
+    one_split_merge = (gluon_rot and variant == "frag" and num_splits == 1 and post is not None
+                       and not FRAG_ROT_EPILOGUE)
     split_out = num_splits > 1 or one_split_merge
     in_merge = post is not None and split_out
     in_kernel = post is not None and (num_splits == 1 and not one_split_merge

@@ -119,7 +119,13 @@ data between lanes.
   output as a split's partial, and `_merge_kernel` (a dependent launch) forms out @ R + V mean, instead of
   `rotate_heads` before and after (`decode_attention.FRAG_ROT_ONE_SPLIT`; in its own epilogue the rotation made
   the loop spill, 22 STL / 22 LDL a tile): FP8 per layer 79.0 -> 75.8 us at 64 x 2048, 84.8 -> 82.3-83.5 at
-  128 x 1024 (results/attention_s22).
+  128 x 1024 (results/attention_s22). Since session 35 "frag" with one split forms out @ R + V mean in its own
+  epilogue again, in the MMA accumulator layout where acc lies (`_frag_hadamard_mma`: five butterfly stages in a
+  thread's registers, two across lanes, none through shared memory; sm_90 SASS: no spills, the tile loops as the
+  split path's), stage by stage in the order of the output channel's bits, so that it stores the merge kernel's
+  bits (`decode_attention.FRAG_ROT_EPILOGUE`). H200, per layer, side by side (results/frag_epilogue_s35): fp8_e4m3
+  64 x 2048 74.8 -> 72.3 us (0.576 -> 0.556x bf16), 128 x 1024 80.4 -> 76.7 (0.631 -> 0.602x); fp8_e5m2 75.0 ->
+  72.5, 81.6 -> 76.1 (0.640 -> 0.598x).
 
 - Head dim 64 (session 33; "fragt" on 8-bit K and V, "auto" at GQA groups <= 8: `decode_attention.FRAGT_HEAD64_AUTO`):
   a token's 64 code bytes take the layouts int4 has at head dim 128 (also 64 bytes a token): K in K4_LOAD (a lane
@@ -871,6 +877,20 @@ def _q_rot(qf, ROWS: gl.constexpr, ROT: gl.constexpr, HB: gl.constexpr, NORM: gl
 
 
 @gluon.jit
+def _frag_hadamard_mma(o, NORM: gl.constexpr):
+    """out @ R for "frag"'s one-split output o [16, 128] float32 in the MMA accumulator layout, its channel c
+    being output channel c_out = 16 (c % 8) + c // 8 (8-bit V): the 128-point Hadamard on c's bits, stage by
+    stage in the order of c_out's bits (H = 1, 2, ..., 64 on c_out: c's bits 3-6, then 0-2), so that every
+    addition is the one `decode_attention._store_out` makes on the merge kernel's unpermuted row (the same bits).
+    In the accumulator layout bits 0 and 3-6 of c are a thread's registers and bits 1-2 its lane's: five stages
+    add in registers, two take a shuffle, and o never moves through shared memory (`_store_out_rot` converts to
+    a blocked layout first: there the rotation made the loop spill, session 22)."""
+    for hs in gl.static_range(7):
+        o = _gl_butterfly(o, 16, 1 << ((hs + 3) % 7))
+    return gl.convert_layout(o, MMA) * NORM
+
+
+@gluon.jit
 def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.constexpr, GROUP: gl.constexpr,
                    VI4: gl.constexpr, ROT_HB: gl.constexpr, ROT_NORM: gl.constexpr, ROT_OUT: gl.constexpr,
                    OUT_MEAN: gl.constexpr, D: gl.constexpr = 128):
@@ -971,8 +991,9 @@ def _frag_decode_kernel(
     times_ptr=None,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
-    PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean only in
-    the fused merge, else by `rotate_heads` or `_merge_kernel`); D == 128, BLOCK_N == 64."""
+    PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean in the fused
+    merge or with one split (8-bit V: `_frag_hadamard_mma`), else by `rotate_heads` or `_merge_kernel`); D == 128,
+    BLOCK_N == 64."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
         t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
@@ -1094,10 +1115,18 @@ def _frag_decode_kernel(
         c_out = (c & 7) * 16 + (c >> 3)
     heads = h * GROUP + rg
     cm = (rg < GROUP)[:, None] & (c_out < 128)[None, :]
-    if not SPLIT:  # (out @ R + V mean by `rotate_heads`: in this epilogue it measured 3-7 % slower, session 19)
+    if not SPLIT:
         l_safe = gl.where(l_i > 0, l_i, 1.0)[:, None]
+        o = acc / l_safe
+        if ROT_OUT:  # out @ R where acc lies (`_frag_hadamard_mma`: no layout change, the merge kernel's bits)
+            o = _frag_hadamard_mma(o, ROT_NORM)
+        if OUT_MEAN:
+            o = o + gl.load(vmean_ptr + h * 128 + c_out)[None, :]
         o_ptr = out_ptr + q_row.to(gl.int64) * so_t + heads[:, None] * so_h + c_out[None, :]
-        gl.store(o_ptr, (acc / l_safe).to(out_ptr.dtype.element_ty), mask=cm & has_q)
+        if (ROT_OUT or OUT_MEAN) and out_ptr.dtype.element_ty == gl.bfloat16:  # as `_store_out`: nearest even
+            gl.store(o_ptr, o.to(gl.bfloat16, fp_downcast_rounding="rtne"), mask=cm & has_q)
+        else:
+            gl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=cm & has_q)
     else:
         ph = (b * (GROUP * gl.num_programs(1)) + heads).to(gl.int64) * gl.num_programs(2) + split
         gl.store(po_ptr + ph[:, None] * 128 + c_out[None, :], acc, mask=cm)
