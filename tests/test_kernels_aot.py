@@ -183,6 +183,16 @@ def variants():
                     assert plan.options.get("RING4") == 1, plan.options  # one group a token
                     out.append((f"decode-t4ring-g128/{name}/D{D}/splits2/separate", plan.kernel, plan.args,
                                 plan.options))
+                if name == "int4":  # a sequence without its query token: "fragt" without ALL_Q (the other
+                    # "fragt" variants are planned with every query present), its "has a query" predicate
+                    skip = dataclasses.replace(meta, query_start_loc=torch.tensor([0, 1, 1], dtype=torch.int32))
+                    plan = plan_decode(q[:1], lc, skip, 0.1, num_splits=1, variant="fragt")
+                    assert plan.variant == "fragt" and "ALL_Q" not in plan.options, (plan.variant, plan.options)
+                    out.append((f"decode-t4ring/{name}/D{D}/splits1/skipq", plan.kernel, plan.args, plan.options))
+                if name == "int8":  # "frag" with ALL_Q (not planned by default: KVPACK_DECODE_ALL_Q=all)
+                    plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="frag", prefetch=0)
+                    out.append((f"decode-frag/{name}/D{D}/splits1/allq", plan.kernel, plan.args,
+                                {**plan.options, "ALL_Q": True}))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)
@@ -321,7 +331,7 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     (`FRAG_ROT_ONE_SPLIT`): 1 KB at sm_80)."""
     frag = [r for r in aot_results if r["variant"].startswith("decode-frag")]
     dot = [r for r in aot_results if r["variant"] == "decode/int8/D128/splits1/auto"]
-    assert len(frag) == 28, [r["variant"] for r in frag]
+    assert len(frag) == 30, [r["variant"] for r in frag]
     for r in frag:  # int8 q parts, or q @ R (rotated 8-bit codes: FP8, or any with split-K: "splits2")
         staged_q = "/int8" in r["variant"] or "/fp8" in r["variant"] or "/splits2/" in r["variant"]
         assert r["shared"] <= (2048 if staged_q else 0), (r["variant"], r["shared"])

@@ -1017,6 +1017,63 @@ def test_frag_rot_epilogue_bits_gpu(k_name, v_name, means, dtype, group, monkeyp
     assert outs[True].shape == q.shape and torch.isfinite(outs[True]).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,D,variant,splits,merge", [
+    ("int8", "int8", 128, "frag", 1, "auto"),                 # the one-split loop that carried the predicate
+    ("fp8_e4m3", "fp8_e4m3", 128, "frag", 1, "auto"),         # out @ R + V mean in the one-split epilogue
+    ("int8-static", "int8-static", 128, "frag", 1, "auto"),
+    ("fp8_e5m2", "int8", 128, "frag", 3, "separate"),
+    ("int8", "int8", 128, "frag", 3, "fused"),                # the fused merge's store
+    ("int4", "int4", 128, "fragt", 1, "auto"),
+    ("int4", "int4", 128, "fragt", 3, "fused"),
+    ("int8", "int8", 64, "fragt", 1, "auto"),
+    ("fp8_e4m3", "fp8_e5m2", 64, "fragt", 3, "separate"),
+])
+def test_decode_all_q_bits_gpu(k_name, v_name, D, variant, splits, merge, monkeypatch):
+    """A batch whose every sequence has its query token (T == B) runs the Gluon kernels with ALL_Q (q's row is the
+    sequence's, no "has a query" predicate through the tile loop; planned for "fragt", asked for here for both):
+    the same bits as without it, and within the reference tolerance. Odd lengths, random block tables, a graph's
+    padding row (length 0), V means."""
+    import kvpack.kernels.decode_attention as da
+
+    lens = [1, 17, 64, 1000, 5, 257, 4099]
+    q, lc, meta = merge_case(k_name, v_name, D, lens, 32, 8, torch.bfloat16, True, device="cuda")
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[4] = 0  # a CUDA graph's padding row: a query, no context
+    meta = dataclasses.replace(meta, seq_lens=seq_lens)
+    scale = D ** -0.5
+    outs = {}
+    for all_q in (True, False):
+        monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt") if all_q else ())
+        plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant, merge=merge)
+        assert plan.variant == variant and plan.options.get("ALL_Q", False) == all_q, (plan.variant, plan.options)
+        outs[all_q] = da.decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant=variant, merge=merge)
+    assert torch.equal(outs[True], outs[False])
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    err = ((outs[True].float() - ref).abs() - 1e-2 * ref.abs()).max().item()
+    assert err <= 1e-2, (k_name, v_name, D, variant, splits, err)
+    assert torch.isfinite(outs[True]).all()
+
+
+def test_decode_all_q_plan(monkeypatch):
+    """ALL_Q is planned for "fragt" where every sequence has its query token (T == B); not where one has none
+    (T < B), not for "frag" unless listed (`ALL_Q_VARIANTS`, KVPACK_DECODE_ALL_Q=all), never for "dot"."""
+    import kvpack.kernels.decode_attention as da
+
+    q, lc, meta = build_case("int8", "int8", [300, 9, 70], 8, 2, 128, 16)
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as for a GPU (planning launches nothing)
+    assert da.ALL_Q_VARIANTS == ("fragt",)
+    assert da.plan_decode(q, lc, meta, 0.1, variant="fragt").options.get("ALL_Q") is True
+    assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="frag").options
+    assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="dot").options
+    skip = dataclasses.replace(meta, query_start_loc=torch.tensor([0, 1, 1, 2], dtype=torch.int32))
+    assert "ALL_Q" not in da.plan_decode(torch.cat([q[:1], q[2:]]), lc, skip, 0.1, variant="fragt").options
+    monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt"))
+    assert da.plan_decode(q, lc, meta, 0.1, variant="frag").options.get("ALL_Q") is True
+    monkeypatch.setattr(da, "ALL_Q_VARIANTS", ())
+    assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="fragt").options
+
+
 def merge_case(k_name, v_name, D, lens, Hq, Hkv, dtype, means, device="cpu"):
     q, lc, meta = build_case(k_name, v_name, lens, Hq, Hkv, D, 16, dtype=dtype, device=device)
     if means:

@@ -79,6 +79,18 @@ FRAG_ROT_ONE_SPLIT = os.environ.get("KVPACK_FRAG_ROT_ONE_SPLIT", "1") != "0"
 # merge kernel (H200, per layer, results/frag_epilogue_s35: fp8 at 64 x 2048 0.97x, at 128 x 1024 0.93-0.95x the
 # time); KVPACK_FRAG_ROT_EPILOGUE=0 puts them back in the merge kernel (measuring), read at import
 FRAG_ROT_EPILOGUE = os.environ.get("KVPACK_FRAG_ROT_EPILOGUE", "1") != "0"
+# the Gluon kernels can take a batch whose every sequence has its query token (T == B: every decode step the engine
+# plans) as a constant (ALL_Q): q's row is the sequence's and no "has a query" predicate is carried through the tile
+# loop (session 35: with one split it took "frag"'s int8 loop from 1,358 to 1,437 sm_90 instructions). Planned for
+# the variants listed: "fragt" (session 36, H200, per layer, side by side, results/merge_s36: int4 0.98-1.00x the
+# time, 8-bit at head dim 64 0.98x int8 / 0.95x fp8_e4m3 at SmolLM2's 32 x 4096), not "frag" (0.99-1.03x: int8
+# 1.00-1.01x, fp8_e4m3 0.99-1.00x, fp8_e5m2 at 128 x 1024 1.03x). KVPACK_DECODE_ALL_Q=0: none, "all": both (read
+# at import)
+_ALL_Q_ENV = os.environ.get("KVPACK_DECODE_ALL_Q", "").strip()
+if _ALL_Q_ENV not in ("", "0", "all"):
+    raise ValueError(f"KVPACK_DECODE_ALL_Q={_ALL_Q_ENV!r}: 0 (no kernel), all ('frag' and 'fragt'), "
+                     "or unset ('fragt')")
+ALL_Q_VARIANTS = {"": ("fragt",), "0": (), "all": ("frag", "fragt")}[_ALL_Q_ENV]
 # "fragt" on int4 K and V (groups of 32, 64 or 128, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
 # ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25 built
 # it; session 26 measured it on the H200 (results/int4_ring_s26, per layer, side by side): 0.55-0.65x bf16's time
@@ -963,6 +975,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     elif (variant in ("dot", "imma") and num_warps == 1 and D <= 64 and not maxnreg
           and not kp.fmt.kind == vp.fmt.kind == "float"):
         options["maxnreg"] = SMALL_HEAD_MAXNREG  # the programs an SM holds, as `choose_num_splits` counts them
+    if variant in ALL_Q_VARIANTS and T == B:
+        options["ALL_Q"] = True
     if variant == "fragt" and D == 64:
         if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
             options["K8_F16"] = True

@@ -144,6 +144,12 @@ data between lanes.
   programs a multiprocessor (`decode_attention.FRAGT_HEAD64_PREFETCH_PER_SM`; H200, per layer, results/head64_s34:
   0.76-0.97x the time there, SmolLM2 1 x 32768 int8 15.5 -> 11.8 us; 1.04-1.16x on fuller grids). The same output bits.
 
+- ALL_Q (session 36): a batch whose every sequence has its query token (T == B) tells the kernels so as a constant:
+  q's row is the sequence index and the "has a query" predicate (masking the output store) is not kept through the
+  tile loop, where with one split ptxas had juggled it (73 PLOP3 a tile of "frag" int8: 1,437 instructions against
+  1,358). `plan_decode` passes it to "fragt" (`decode_attention.ALL_Q_VARIANTS`; H200, per layer, results/merge_s36:
+  int4 0.98-1.00x the time, SmolLM2 int8 0.98x, fp8_e4m3 0.95x), not to "frag" (0.99-1.03x). The same output bits.
+
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 (8-bit codes in "fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
@@ -988,12 +994,12 @@ def _frag_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
-    times_ptr=None,
+    times_ptr=None, ALL_Q: gl.constexpr = False,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean in the fused
     merge or with one split (8-bit V: `_frag_hadamard_mma`), else by `rotate_heads` or `_merge_kernel`); D == 128,
-    BLOCK_N == 64."""
+    BLOCK_N == 64. ALL_Q: every sequence has one query token (T == B), so q's row is b and no sequence is skipped."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
         t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
@@ -1001,9 +1007,14 @@ def _frag_decode_kernel(
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)
-    q_row = gl.load(qsl_ptr + b)
-    has_q = gl.load(qsl_ptr + b + 1) > q_row
-    seq_len = gl.load(seq_lens_ptr + b) * has_q.to(gl.int32)
+    if ALL_Q:  # every sequence has its query token: row b, no predicate kept through the loop (`plan_decode`)
+        q_row = b
+        has_q = True
+        seq_len = gl.load(seq_lens_ptr + b)
+    else:
+        q_row = gl.load(qsl_ptr + b)
+        has_q = gl.load(qsl_ptr + b + 1) > q_row
+        seq_len = gl.load(seq_lens_ptr + b) * has_q.to(gl.int32)
     start = split * tokens_per_split
     end = gl.minimum(seq_len, start + tokens_per_split)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
@@ -1385,12 +1396,13 @@ def _fragt_decode_kernel(
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
+    ALL_Q: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
     PREFETCH an L2 prefetch distance (int4 without the ring, and 8-bit codes). Per 64-token tile it issues half the
     MMAs (32 + 32 m16n8k16 against 64 + 64) and keeps a quarter of the padded softmax work; the output accumulator is
-    [128, 8] (32 registers a lane, against [16, 128]'s 64)."""
+    [128, 8] (32 registers a lane, against [16, 128]'s 64). ALL_Q: as `_frag_decode_kernel`'s."""
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
         t_ptr = probe_entry(times_ptr)
     if PDL == 1:  # the separate merge may launch now (it waits for this grid before reading: `pdl_mode`)
@@ -1398,9 +1410,14 @@ def _fragt_decode_kernel(
     b = gl.program_id(0)
     h = gl.program_id(1)
     split = gl.program_id(2)
-    q_row = gl.load(qsl_ptr + b)
-    has_q = gl.load(qsl_ptr + b + 1) > q_row
-    seq_len = gl.load(seq_lens_ptr + b) * has_q.to(gl.int32)
+    if ALL_Q:  # every sequence has its query token: row b, no predicate kept through the loop (`plan_decode`)
+        q_row = b
+        has_q = True
+        seq_len = gl.load(seq_lens_ptr + b)
+    else:
+        q_row = gl.load(qsl_ptr + b)
+        has_q = gl.load(qsl_ptr + b + 1) > q_row
+        seq_len = gl.load(seq_lens_ptr + b) * has_q.to(gl.int32)
     start = split * tokens_per_split
     end = gl.minimum(seq_len, start + tokens_per_split)
 

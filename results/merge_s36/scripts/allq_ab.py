@@ -1,0 +1,43 @@
+"""Session 36 A/B of `decode_attention.DECODE_ALL_Q` (the Gluon kernels' ALL_Q: every sequence has its query token),
+per layer (a graph of 8 decode calls, each on its own cache, L2 flushed: bench_attention's "per layer"), in one
+process: python allq_ab.py, from the repository root. Per shape and format, ALL_Q on and off alternately (ROUNDS
+rounds, the order reversed every other round), us per layer, the ratio to the same process's bf16, and whether
+the two outputs have the same bits. Env: SHAPES, FMTS, REP_MS, ROUNDS."""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+import torch
+from benchmarks.bench_attention import SHAPES, make_case, time_graph
+import kvpack.kernels.decode_attention as da
+
+shapes = {s.name: s for s in SHAPES}
+names = os.environ.get("SHAPES", "llama8b-64x2048,llama8b-128x1024").split(",")
+fmts = os.environ.get("FMTS", "bf16,int8,int8-static,fp8_e4m3,fp8_e5m2,int4").split(",")
+rep = int(os.environ.get("REP_MS", "20"))
+rounds = int(os.environ.get("ROUNDS", "3"))
+dev = torch.device("cuda")
+gen = torch.Generator().manual_seed(0)
+for sname in names:
+    shape = shapes[sname]
+    base = None
+    for fmt in fmts:
+        cases = [make_case(fmt, shape, dev, gen) for _ in range(8)]
+        scale = shape.head_dim ** -0.5
+        outs = {}
+        for rnd in range(1 if fmt == "bf16" else rounds):
+            for allq in ((True, False) if rnd % 2 == 0 else (False, True)):
+                da.DECODE_ALL_Q = allq
+                plan = da.plan_decode(cases[0][2], cases[0][0], cases[0][1], scale)
+                outs[allq] = da.decode_paged_attention(cases[0][2], cases[0][0], cases[0][1], scale)
+                us = time_graph(lambda: [da.decode_paged_attention(q, lc, m, scale) for lc, m, q in cases], rep) / 8
+                if fmt == "bf16":
+                    base = us
+                print(json.dumps({"round": rnd, "shape": sname, "format": fmt, "all_q": allq, "variant": plan.variant,
+                                  "splits": plan.grid[2], "ALL_Q_option": plan.options.get("ALL_Q", False),
+                                  "us_layer": round(us, 2), "vs_bf16": round(us / base, 4),
+                                  "bits_equal": bool(torch.equal(outs[True], outs[False])) if len(outs) == 2 else None}),
+                      flush=True)
+                if fmt == "bf16":
+                    break
+        da.DECODE_ALL_Q = True
+        cases = None
+        torch.cuda.empty_cache()
