@@ -189,9 +189,12 @@ def variants():
                     plan = plan_decode(q[:1], lc, skip, 0.1, num_splits=1, variant="fragt")
                     assert plan.variant == "fragt" and "ALL_Q" not in plan.options, (plan.variant, plan.options)
                     out.append((f"decode-t4ring/{name}/D{D}/splits1/skipq", plan.kernel, plan.args, plan.options))
-                if name == "int8":  # "frag" with ALL_Q (not planned by default: KVPACK_DECODE_ALL_Q=all)
+                if name == "int8":  # "frag" and "dot" with ALL_Q (not planned by default: KVPACK_DECODE_ALL_Q=all)
                     plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="frag", prefetch=0)
                     out.append((f"decode-frag/{name}/D{D}/splits1/allq", plan.kernel, plan.args,
+                                {**plan.options, "ALL_Q": True}))
+                    plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dot")
+                    out.append((f"decode/{name}/D{D}/splits1/allq", plan.kernel, plan.args,
                                 {**plan.options, "ALL_Q": True}))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)

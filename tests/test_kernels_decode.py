@@ -1068,10 +1068,36 @@ def test_decode_all_q_plan(monkeypatch):
     assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="dot").options
     skip = dataclasses.replace(meta, query_start_loc=torch.tensor([0, 1, 1, 2], dtype=torch.int32))
     assert "ALL_Q" not in da.plan_decode(torch.cat([q[:1], q[2:]]), lc, skip, 0.1, variant="fragt").options
-    monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt"))
-    assert da.plan_decode(q, lc, meta, 0.1, variant="frag").options.get("ALL_Q") is True
+    monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt", "dot", "imma"))
+    for variant in ("frag", "dot", "imma"):
+        assert da.plan_decode(q, lc, meta, 0.1, variant=variant).options.get("ALL_Q") is True, variant
     monkeypatch.setattr(da, "ALL_Q_VARIANTS", ())
     assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="fragt").options
+
+
+@pytest.mark.parametrize("k_name,v_name,D,splits,merge", [
+    ("bfloat16", "bfloat16", 64, 1, "auto"), ("int8", "int4", 64, 3, "fused"), ("fp8_e4m3", "int8-static", 64, 3, "separate"),
+    ("int4", "int4", 128, 1, "auto"), ("int8", "int8", 80, 2, "separate"),
+])
+def test_decode_all_q_dot(k_name, v_name, D, splits, merge, monkeypatch):
+    """"dot" with ALL_Q (`_decode_kernel`: q's row is the sequence's, no query_start_loc load; not planned by default,
+    KVPACK_DECODE_ALL_Q=all) gives the same bits as without it, through the CPU interpreter: one split and split-K
+    with either merge, rotated and centered sides, a CUDA graph's padding row (length 0)."""
+    import kvpack.kernels.decode_attention as da
+
+    lens = [1, 40, 0, 130]
+    q, lc, meta = merge_case(k_name, v_name, D, [n or 3 for n in lens], 8, 2, torch.float16, True)
+    meta = dataclasses.replace(meta, seq_lens=torch.tensor(lens, dtype=torch.int32))
+    outs = {}
+    for all_q in (True, False):
+        monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("dot",) if all_q else ())
+        plan = da.plan_decode(q, lc, meta, D ** -0.5, num_splits=splits, variant="dot", merge=merge)
+        assert plan.variant == "dot" and plan.options.get("ALL_Q", False) == all_q, plan.options
+        outs[all_q] = da.decode_paged_attention(q, lc, meta, D ** -0.5, num_splits=splits, variant="dot", merge=merge)
+    assert torch.equal(outs[True], outs[False])
+    ref = reference.paged_attention(q, lc, meta, D ** -0.5).float()
+    tol = 1e-2 if "bfloat16" in (k_name, v_name) else ATOL  # a bf16 cache: bf16 dot operands
+    assert ((outs[True].float() - ref).abs() - tol * ref.abs()).max().item() <= tol
 
 
 def merge_case(k_name, v_name, D, lens, Hq, Hkv, dtype, means, device="cpu"):

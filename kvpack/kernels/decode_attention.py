@@ -84,13 +84,14 @@ FRAG_ROT_EPILOGUE = os.environ.get("KVPACK_FRAG_ROT_EPILOGUE", "1") != "0"
 # loop (session 35: with one split it took "frag"'s int8 loop from 1,358 to 1,437 sm_90 instructions). Planned for
 # the variants listed: "fragt" (session 36, H200, per layer, side by side, results/merge_s36: int4 0.98-1.00x the
 # time, 8-bit at head dim 64 0.98x int8 / 0.95x fp8_e4m3 at SmolLM2's 32 x 4096), not "frag" (0.99-1.03x: int8
-# 1.00-1.01x, fp8_e4m3 0.99-1.00x, fp8_e5m2 at 128 x 1024 1.03x). KVPACK_DECODE_ALL_Q=0: none, "all": both (read
-# at import)
+# 1.00-1.01x, fp8_e4m3 0.99-1.00x, fp8_e5m2 at 128 x 1024 1.03x). `_decode_kernel` ("dot", "imma") takes it too, not
+# measured yet (its q loads wait on the query_start_loc load without it). KVPACK_DECODE_ALL_Q=0: none, "all": every
+# kernel (read at import)
 _ALL_Q_ENV = os.environ.get("KVPACK_DECODE_ALL_Q", "").strip()
 if _ALL_Q_ENV not in ("", "0", "all"):
-    raise ValueError(f"KVPACK_DECODE_ALL_Q={_ALL_Q_ENV!r}: 0 (no kernel), all ('frag' and 'fragt'), "
+    raise ValueError(f"KVPACK_DECODE_ALL_Q={_ALL_Q_ENV!r}: 0 (no kernel), all (every decode kernel), "
                      "or unset ('fragt')")
-ALL_Q_VARIANTS = {"": ("fragt",), "0": (), "all": ("frag", "fragt")}[_ALL_Q_ENV]
+ALL_Q_VARIANTS = {"": ("fragt",), "0": (), "all": ("frag", "fragt", "dot", "imma")}[_ALL_Q_ENV]
 # "fragt" on int4 K and V (groups of 32, 64 or 128, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
 # ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25 built
 # it; session 26 measured it on the H200 (results/int4_ring_s26, per layer, side by side): 0.55-0.65x bf16's time
@@ -432,7 +433,7 @@ def _decode_kernel(
     QK8: tl.constexpr = False, vmean_ptr=None, ROT_HB: tl.constexpr = 1, ROT_NORM: tl.constexpr = 1.0,
     ROT_Q: tl.constexpr = False, ROT_OUT: tl.constexpr = False, OUT_MEAN: tl.constexpr = False,
     cnt_ptr=None, MERGE_G: tl.constexpr = 1, MERGE_CH: tl.constexpr = 0, PDL: tl.constexpr = 0,
-    times_ptr=None, D_B: tl.constexpr = 0, K4P: tl.constexpr = 0, V4P: tl.constexpr = 0,
+    times_ptr=None, D_B: tl.constexpr = 0, K4P: tl.constexpr = 0, V4P: tl.constexpr = 0, ALL_Q: tl.constexpr = False,
 ):
     if times_ptr is not None:  # the timeline probe (`quant.probe_stamp`)
         t_ptr = probe_entry(times_ptr)
@@ -444,9 +445,14 @@ def _decode_kernel(
     HALF: tl.constexpr = D // 2
     tl.static_assert(D_B == 0 or not (QK8 or K_FMT == K_FMT_INT4 or V_FMT == K_FMT_INT4), "two parts: no int4, imma")
     tl.static_assert(V4P == 0 or SPLIT or not (ROT_OUT or OUT_MEAN), "int4 in parts: rotated around the kernel")
-    q_row = tl.load(qsl_ptr + b)
-    has_q = tl.load(qsl_ptr + b + 1) > q_row
-    seq_len = tl.where(has_q, tl.load(seq_lens_ptr + b), 0)
+    if ALL_Q:  # every sequence has its query token (`ALL_Q_VARIANTS`): q's row is b, no dependent load before q's
+        q_row = b
+        has_q = True
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:
+        q_row = tl.load(qsl_ptr + b)
+        has_q = tl.load(qsl_ptr + b + 1) > q_row
+        seq_len = tl.where(has_q, tl.load(seq_lens_ptr + b), 0)
     start = split * tokens_per_split
     end = tl.minimum(seq_len, start + tokens_per_split)
 
