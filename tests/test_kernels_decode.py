@@ -1057,7 +1057,7 @@ def test_decode_all_q_bits_gpu(k_name, v_name, D, variant, splits, merge, monkey
 
 def test_decode_all_q_plan(monkeypatch):
     """ALL_Q is planned for "fragt" where every sequence has its query token (T == B); not where one has none
-    (T < B), not for "frag" unless listed (`ALL_Q_VARIANTS`, KVPACK_DECODE_ALL_Q=all), never for "dot"."""
+    (T < B), and for "frag", "dot" and "imma" only where listed (`ALL_Q_VARIANTS`, KVPACK_DECODE_ALL_Q=all)."""
     import kvpack.kernels.decode_attention as da
 
     q, lc, meta = build_case("int8", "int8", [300, 9, 70], 8, 2, 128, 16)
