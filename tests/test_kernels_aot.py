@@ -189,13 +189,15 @@ def variants():
                     plan = plan_decode(q[:1], lc, skip, 0.1, num_splits=1, variant="fragt")
                     assert plan.variant == "fragt" and "ALL_Q" not in plan.options, (plan.variant, plan.options)
                     out.append((f"decode-t4ring/{name}/D{D}/splits1/skipq", plan.kernel, plan.args, plan.options))
-                if name == "int8":  # "frag" and "dot" with ALL_Q (not planned by default: KVPACK_DECODE_ALL_Q=all)
+                if name == "int8":  # "frag" with ALL_Q (not planned by default: KVPACK_DECODE_ALL_Q=all); "dot"
+                    # without it (planned with it where every sequence has its query: a sequence without)
                     plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="frag", prefetch=0)
                     out.append((f"decode-frag/{name}/D{D}/splits1/allq", plan.kernel, plan.args,
                                 {**plan.options, "ALL_Q": True}))
-                    plan = plan_decode(q, lc, meta, 0.1, num_splits=1, variant="dot")
-                    out.append((f"decode/{name}/D{D}/splits1/allq", plan.kernel, plan.args,
-                                {**plan.options, "ALL_Q": True}))
+                    skip = dataclasses.replace(meta, query_start_loc=torch.tensor([0, 1, 1], dtype=torch.int32))
+                    plan = plan_decode(q[:1], lc, skip, 0.1, num_splits=1, variant="dot")
+                    assert plan.variant == "dot" and "ALL_Q" not in plan.options, (plan.variant, plan.options)
+                    out.append((f"decode/{name}/D{D}/splits1/skipq", plan.kernel, plan.args, plan.options))
             # mixed prefill + decode attention
             pmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16)
             pq = torch.randn(21, 8, D, dtype=torch.bfloat16)

@@ -796,11 +796,11 @@ def test_frag_ring_plan(batch, ctx, bs, want, monkeypatch):
     assert plan.grid[2] == dp.choose_num_splits(batch, 8, ctx, 64, q.device, 1, 128)
 
 
-@pytest.mark.parametrize("name,want", [("bfloat16", 11), ("int8", 22), ("int4", 22), ("fp8_e4m3", 22)])
+@pytest.mark.parametrize("name,want", [("bfloat16", 16), ("float16", 16), ("int8", 22), ("int4", 22), ("fp8_e4m3", 22)])
 def test_head_dim_64_splits(name, want, monkeypatch):
     """SmolLM2's decode shape (32 sequences of 4096, 3 kv heads of 64), planned for an H200: the quantized
-    one-warp programs fill 16 an SM (22 splits), a 16-bit cache 8 (11 splits: 31.2 against 34.0 us a layer
-    at 22, session 21)."""
+    one-warp programs fill 16 an SM (22 splits), a 16-bit cache 12 (16 splits: 0.99x the time of 11, 22 1.10x,
+    session 37)."""
     import kvpack.kernels.decode_attention as da
     import kvpack.kernels.decode_plan as dp
 
@@ -1028,10 +1028,17 @@ def test_frag_rot_epilogue_bits_gpu(k_name, v_name, means, dtype, group, monkeyp
     ("int4", "int4", 128, "fragt", 3, "fused"),
     ("int8", "int8", 64, "fragt", 1, "auto"),
     ("fp8_e4m3", "fp8_e5m2", 64, "fragt", 3, "separate"),
+    ("bfloat16", "bfloat16", 64, "dot", 11, "auto"),          # `_decode_kernel`: SmolLM2's bf16 plan
+    ("bfloat16", "bfloat16", 128, "dot", 1, "auto"),
+    ("int4", "int4", 64, "dot", 3, "separate"),
+    ("fp8_e5m2", "fp8_e5m2", 128, "dot", 1, "auto"),
+    ("int8", "int8", 128, "imma", 1, "auto"),
+    ("int8-static", "int8", 128, "imma", 3, "fused"),
 ])
 def test_decode_all_q_bits_gpu(k_name, v_name, D, variant, splits, merge, monkeypatch):
-    """A batch whose every sequence has its query token (T == B) runs the Gluon kernels with ALL_Q (q's row is the
-    sequence's, no "has a query" predicate through the tile loop; planned for "fragt", asked for here for both):
+    """A batch whose every sequence has its query token (T == B) runs the decode kernels with ALL_Q (q's row is the
+    sequence's, no "has a query" predicate through the tile loop; planned for "fragt", "dot" and "imma", asked for
+    here for "frag" too):
     the same bits as without it, and within the reference tolerance. Odd lengths, random block tables, a graph's
     padding row (length 0), V means."""
     import kvpack.kernels.decode_attention as da
@@ -1044,7 +1051,7 @@ def test_decode_all_q_bits_gpu(k_name, v_name, D, variant, splits, merge, monkey
     scale = D ** -0.5
     outs = {}
     for all_q in (True, False):
-        monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt") if all_q else ())
+        monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt", "dot", "imma") if all_q else ())
         plan = da.plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant, merge=merge)
         assert plan.variant == variant and plan.options.get("ALL_Q", False) == all_q, (plan.variant, plan.options)
         outs[all_q] = da.decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant=variant, merge=merge)
@@ -1056,18 +1063,19 @@ def test_decode_all_q_bits_gpu(k_name, v_name, D, variant, splits, merge, monkey
 
 
 def test_decode_all_q_plan(monkeypatch):
-    """ALL_Q is planned for "fragt" where every sequence has its query token (T == B); not where one has none
-    (T < B), and for "frag", "dot" and "imma" only where listed (`ALL_Q_VARIANTS`, KVPACK_DECODE_ALL_Q=all)."""
+    """ALL_Q is planned for "fragt", "dot" and "imma" where every sequence has its query token (T == B); not where
+    one has none (T < B), and for "frag" only where listed (`ALL_Q_VARIANTS`, KVPACK_DECODE_ALL_Q=all)."""
     import kvpack.kernels.decode_attention as da
 
     q, lc, meta = build_case("int8", "int8", [300, 9, 70], 8, 2, 128, 16)
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as for a GPU (planning launches nothing)
-    assert da.ALL_Q_VARIANTS == ("fragt",)
-    assert da.plan_decode(q, lc, meta, 0.1, variant="fragt").options.get("ALL_Q") is True
+    assert da.ALL_Q_VARIANTS == ("fragt", "dot", "imma")
+    for variant in ("fragt", "dot", "imma"):
+        assert da.plan_decode(q, lc, meta, 0.1, variant=variant).options.get("ALL_Q") is True, variant
     assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="frag").options
-    assert "ALL_Q" not in da.plan_decode(q, lc, meta, 0.1, variant="dot").options
     skip = dataclasses.replace(meta, query_start_loc=torch.tensor([0, 1, 1, 2], dtype=torch.int32))
-    assert "ALL_Q" not in da.plan_decode(torch.cat([q[:1], q[2:]]), lc, skip, 0.1, variant="fragt").options
+    for variant in ("fragt", "dot", "imma"):
+        assert "ALL_Q" not in da.plan_decode(torch.cat([q[:1], q[2:]]), lc, skip, 0.1, variant=variant).options
     monkeypatch.setattr(da, "ALL_Q_VARIANTS", ("frag", "fragt", "dot", "imma"))
     for variant in ("frag", "dot", "imma"):
         assert da.plan_decode(q, lc, meta, 0.1, variant=variant).options.get("ALL_Q") is True, variant
@@ -1080,8 +1088,8 @@ def test_decode_all_q_plan(monkeypatch):
     ("int4", "int4", 128, 1, "auto"), ("int8", "int8", 80, 2, "separate"),
 ])
 def test_decode_all_q_dot(k_name, v_name, D, splits, merge, monkeypatch):
-    """"dot" with ALL_Q (`_decode_kernel`: q's row is the sequence's, no query_start_loc load; not planned by default,
-    KVPACK_DECODE_ALL_Q=all) gives the same bits as without it, through the CPU interpreter: one split and split-K
+    """"dot" with ALL_Q (`_decode_kernel`: q's row is the sequence's, no query_start_loc load; planned where T == B)
+    gives the same bits as without it, through the CPU interpreter: one split and split-K
     with either merge, rotated and centered sides, a CUDA graph's padding row (length 0)."""
     import kvpack.kernels.decode_attention as da
 

@@ -83,15 +83,16 @@ FRAG_ROT_EPILOGUE = os.environ.get("KVPACK_FRAG_ROT_EPILOGUE", "1") != "0"
 # plans) as a constant (ALL_Q): q's row is the sequence's and no "has a query" predicate is carried through the tile
 # loop (session 35: with one split it took "frag"'s int8 loop from 1,358 to 1,437 sm_90 instructions). Planned for
 # the variants listed: "fragt" (session 36, H200, per layer, side by side, results/merge_s36: int4 0.98-1.00x the
-# time, 8-bit at head dim 64 0.98x int8 / 0.95x fp8_e4m3 at SmolLM2's 32 x 4096), not "frag" (0.99-1.03x: int8
-# 1.00-1.01x, fp8_e4m3 0.99-1.00x, fp8_e5m2 at 128 x 1024 1.03x). `_decode_kernel` ("dot", "imma") takes it too, not
-# measured yet (its q loads wait on the query_start_loc load without it). KVPACK_DECODE_ALL_Q=0: none, "all": every
-# kernel (read at import)
+# time, 8-bit at head dim 64 0.98x int8 / 0.95x fp8_e4m3 at SmolLM2's 32 x 4096), "dot" and "imma" (`_decode_kernel`,
+# whose q loads otherwise wait on the query_start_loc load; session 37, results/allq_s37: 0.97-1.00x, bf16 at
+# 1 x 32768 0.99x, SmolLM2 int4 0.985x, 256 x 256 int8 ("imma") 0.99x, fp8_e5m2 0.97x; the other bf16 shapes
+# 1.000x), not "frag" (0.99-1.03x: int8 1.00-1.01x, fp8_e4m3 0.99-1.00x, fp8_e5m2 at 128 x 1024 1.03x).
+# KVPACK_DECODE_ALL_Q=0: none, "all": "frag" too (read at import)
 _ALL_Q_ENV = os.environ.get("KVPACK_DECODE_ALL_Q", "").strip()
 if _ALL_Q_ENV not in ("", "0", "all"):
     raise ValueError(f"KVPACK_DECODE_ALL_Q={_ALL_Q_ENV!r}: 0 (no kernel), all (every decode kernel), "
-                     "or unset ('fragt')")
-ALL_Q_VARIANTS = {"": ("fragt",), "0": (), "all": ("frag", "fragt", "dot", "imma")}[_ALL_Q_ENV]
+                     "or unset ('fragt', 'dot', 'imma')")
+ALL_Q_VARIANTS = {"": ("fragt", "dot", "imma"), "0": (), "all": ("frag", "fragt", "dot", "imma")}[_ALL_Q_ENV]
 # "fragt" on int4 K and V (groups of 32, 64 or 128, blocks >= 16 tokens, contiguous pools): whole tiles through a cp.async
 # ring this many tiles ahead (`decode_frag._r4_issue`) instead of direct loads and an L2 prefetch. Session 25 built
 # it; session 26 measured it on the H200 (results/int4_ring_s26, per layer, side by side): 0.55-0.65x bf16's time

@@ -75,22 +75,26 @@ def _side_args(pool: CachePool, hw_fp8: bool = False) -> tuple[list, list]:
 # waves, 31.0 us a layer against groups of 32's 22.4 at 128 registers (session 30)
 SMALL_HEAD_PER_SM = 16
 SMALL_HEAD_MAXNREG = 65536 // (SMALL_HEAD_PER_SM * 32)
+# and of a 16-bit cache ("dot", 10 KB of shared memory a program, so not a bound): tuned, H200, SmolLM2's 32 x 4096
+# bf16, per layer, side by side (session 37, results/allq_s37, with ALL_Q): 16 splits (12 an SM) 0.984-0.99x the time of
+# 11 (8 an SM), 13 alike, 22 1.10x (session 21, without ALL_Q: 11 splits 31.2 us against 22's 34.0; session 36: 16
+# no faster than 11 without ALL_Q)
+SMALL_HEAD_16BIT_PER_SM = 12
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
                       device: torch.device, num_warps: int = 4, head_dim: int = 128, codes: bool = True,
                       min_tiles: int = 4) -> int:
     """Splits per sequence when num_seqs * Hkv programs do not fill the GPU. The programs that fit
-    at once (H200 tuning): 2 per SM with 4 warps, 8 with one warp (16 at head_dim <= 64 for quantized
-    `codes`; a 16-bit cache keeps 8 there: SmolLM2's 32 x 4096, bf16, per layer 34.0 -> 31.2 us at 11 splits
-    instead of 22, while int8 took 24.6 against 32.5 at 22, session 21). Splits
+    at once (H200 tuning): 2 per SM with 4 warps, 8 with one warp (at head_dim <= 64: 16 for quantized `codes`,
+    SMALL_HEAD_PER_SM, and 12 for a 16-bit cache, SMALL_HEAD_16BIT_PER_SM). Splits
     fill one such wave without starting a second (a 1.2-wave grid measured 15 % slower), or give
     at most ~1024 tokens per split, whichever is more, each split keeping >= `min_tiles` tiles (4; "fragt" at head
     dim 64: 2, `decode_attention.FRAGT_HEAD64_MIN_TILES`)."""
     work = max(1, num_seqs * num_kv_heads)  # an empty batch plans (and launches nothing)
     per_sm = max(2, 8 // max(1, num_warps))
-    if num_warps == 1 and head_dim <= 64 and codes:
-        per_sm = SMALL_HEAD_PER_SM
+    if num_warps == 1 and head_dim <= 64:
+        per_sm = SMALL_HEAD_PER_SM if codes else SMALL_HEAD_16BIT_PER_SM
     slots = per_sm * _sm_count(device)
     if work >= slots:
         return 1
