@@ -569,7 +569,7 @@ def test_pdl_mode_setting(monkeypatch):
 def test_pdl_mode_defaults(monkeypatch):
     """Which separate merges launch early by default (an sm_90 device assumed): "frag" and 16-bit "dot" always,
     "fragt" only while its merge has at most FRAGT_PDL_MAX_MERGE programs (up to 8 sequences of Llama-3.1-8B's
-    32 query heads), the others never."""
+    32 query heads), every variant at head dims <= 64 (PDL_MAX_HEAD_DIM), the others never."""
     import kvpack.kernels.decode_plan as dp
 
     monkeypatch.delenv("KVPACK_DECODE_PDL", raising=False)
@@ -582,6 +582,11 @@ def test_pdl_mode_defaults(monkeypatch):
     assert dp.pdl_mode("fragt", "int4", "int4", cuda, dp.FRAGT_PDL_MAX_MERGE) == 1
     assert dp.pdl_mode("fragt", "int4", "int4", cuda, dp.FRAGT_PDL_MAX_MERGE + 1) == 0
     assert dp.pdl_mode("fragt", "int4", "int4", cuda) == 0
+    for variant, kind in (("dot", "int4"), ("dot", "fp8_e4m3"), ("imma", "int8"), ("fragt", "int8")):
+        assert dp.pdl_mode(variant, kind, kind, cuda, 288, 64) == 1, variant  # SmolLM2's 32 x 4096
+        assert dp.pdl_mode(variant, kind, kind, cuda, 288, 80) == 0, variant
+    monkeypatch.setenv("KVPACK_DECODE_PDL", "0")
+    assert dp.pdl_mode("dot", "int4", "int4", cuda, 288, 64) == 0
     monkeypatch.setenv("KVPACK_DECODE_PDL", "end")
     assert dp.pdl_mode("fragt", "int4", "int4", cuda, 4096) == 2
 
@@ -601,26 +606,28 @@ def test_merge_warps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,variant,lens", [
-    ("bfloat16", "dot", [8192, 3001, 1, 4096]), ("int8", "imma", [8192, 3001, 1, 4096]),
-    ("int8", "frag", [8192, 3001, 1, 4096]), ("int4", "fragt", [8192, 3001, 1, 4096]),
-    ("int4", "fragt", [8192, 3001, 1, 4096] * 3), ("fp8_e4m3", "dot", [8192, 3001, 1, 4096]),
-    ("fp8_e4m3", "frag", [8192, 3001, 1, 4096])])
-def test_decode_pdl_merge_gpu(name, variant, lens, monkeypatch):
+@pytest.mark.parametrize("name,variant,lens,D", [
+    ("bfloat16", "dot", [8192, 3001, 1, 4096], 128), ("int8", "imma", [8192, 3001, 1, 4096], 128),
+    ("int8", "frag", [8192, 3001, 1, 4096], 128), ("int4", "fragt", [8192, 3001, 1, 4096], 128),
+    ("int4", "fragt", [8192, 3001, 1, 4096] * 3, 128), ("fp8_e4m3", "dot", [8192, 3001, 1, 4096], 128),
+    ("fp8_e4m3", "frag", [8192, 3001, 1, 4096], 128), ("int4", "dot", [8192, 3001, 1, 4096], 64),
+    ("int8", "fragt", [8192, 3001, 1, 4096] * 3, 64), ("fp8_e5m2", "fragt", [4096, 17, 1, 3001], 64)])
+def test_decode_pdl_merge_gpu(name, variant, lens, D, monkeypatch):
     """The separate split merge as a programmatic dependent launch (`decode_plan.pdl_mode`, sm_90+, the
-    variants of `pdl_variant`, and "fragt" with a merge of <= FRAGT_PDL_MAX_MERGE programs): the same bits as a
-    plain launch, eager and replayed from a CUDA graph (the merge waits for the decode grid)."""
+    variants of `pdl_variant`, "fragt" with a merge of <= FRAGT_PDL_MAX_MERGE programs, every variant at head dim 64):
+    the same bits as a plain launch, eager and replayed from a CUDA graph (the merge waits for the decode grid)."""
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
     from kvpack.kernels.decode_plan import pdl_mode
 
-    q, lc, meta = build_case(name, name, lens, 32, 8, 128, 16, device="cuda")
-    scale = 128 ** -0.5
+    q, lc, meta = build_case(name, name, lens, 32, 8, D, 16, device="cuda")
+    scale = D ** -0.5
     kw = dict(num_splits=16, variant=variant, merge="separate")
     plan = plan_decode(q, lc, meta, scale, **kw)
     assert plan.merge_grid is not None and plan.variant == variant
-    pdl = pdl_mode(variant, lc.k.fmt.kind, lc.v.fmt.kind, q.device, len(lens) * 32)
+    pdl = pdl_mode(variant, lc.k.fmt.kind, lc.v.fmt.kind, q.device, len(lens) * 32, D)
     assert ("PDL" in plan.merge_options) == (pdl > 0)
-    early = variant == "frag" or variant == "dot" and name == "bfloat16" or variant == "fragt" and len(lens) <= 8
+    early = (variant == "frag" or variant == "dot" and name == "bfloat16" or variant == "fragt" and len(lens) <= 8
+             or D == 64)
     assert (pdl > 0) == early
     with_pdl = decode_paged_attention(q, lc, meta, scale, **kw)
     stream = torch.cuda.Stream()

@@ -1017,7 +1017,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         splits_pad = max(2, next_pow2(num_splits))
         merge_args = [po, pml, out, out.stride(0), out.stride(1), qsl, Hq, num_splits, splits_pad, D, d_pad]
         merge_args += [v_mean, group, hb, hadamard_norm(hb), *rot_args]
-        pdl = 0 if INTERPRET else pdl_mode(variant, kp.fmt.kind, vp.fmt.kind, dev, B * Hq)
+        pdl = 0 if INTERPRET else pdl_mode(variant, kp.fmt.kind, vp.fmt.kind, dev, B * Hq, D)
         merge_options = {"num_warps": merge_warps(splits_pad, d_pad)}
         if pdl:
             options["PDL"] = pdl

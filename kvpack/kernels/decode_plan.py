@@ -200,22 +200,30 @@ def pdl_variant(variant: str, k_kind: str, v_kind: str) -> bool:
 # merge programs (1 x 32768, 2 x 16384, 4 x 8192, 8 x 8192) 0.971 / 0.968 / 0.965 / 0.991x; more: not measured
 # (session 21 measured 8 x 8192 slower with it, 73.1 -> 78.2 us, before the ring and `merge_warps`)
 FRAGT_PDL_MAX_MERGE = 256
+# every variant launches its separate merge early at head dims up to this (short programs, whose fixed costs weigh
+# more): H200, session 37 (results/allq_s37/call3, per layer, side by side), SmolLM2's 32 x 4096 (288 merge programs,
+# 22 splits) 0.967x the time with "dot" int4, 0.968x "fragt" int8, 0.971x fp8_e4m3, 0.979x fp8_e5m2; at head dim 128
+# "dot" (fp8_e4m3 at 8 x 8192 1.009x, int4 1.002x) and "imma" (int8 at 8 x 8192 1.002x, 1 x 32768 1.000x) gained
+# nothing (call4), nor "fragt" int4 past FRAGT_PDL_MAX_MERGE (there its merge is fused: no separate launch)
+PDL_MAX_HEAD_DIM = 64
 
 
-def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device, merge_programs: int | None = None) -> int:
+def pdl_mode(variant: str, k_kind: str, v_kind: str, device: torch.device, merge_programs: int | None = None,
+             head_dim: int = 128) -> int:
     """Whether (and where) the separate split merge is launched as a programmatic dependent launch of its
     decode kernel (sm_90+): 0 not; 1 the decode kernel executes `griddepcontrol.launch_dependents` as each
     program starts, 2 after its loop over the tiles. The merge's programs read the partials only after
     `griddepcontrol.wait` (the decode grid complete, its writes visible), so the merge's launch latency hides
-    behind the decode kernel instead of following it. Default: 1 for `pdl_variant`'s kernels and for "fragt"
-    with at most FRAGT_PDL_MAX_MERGE `merge_programs`, else 0; the environment variable KVPACK_DECODE_PDL = 0 |
+    behind the decode kernel instead of following it. Default: 1 for `pdl_variant`'s kernels, for "fragt"
+    with at most FRAGT_PDL_MAX_MERGE `merge_programs` and for every kernel at a `head_dim` of at most PDL_MAX_HEAD_DIM,
+    else 0; the environment variable KVPACK_DECODE_PDL = 0 |
     start | end sets it for every kernel (experiments)."""
     if device.type != "cuda":
         return 0
     env = os.environ.get("KVPACK_DECODE_PDL", "")
     if env and env not in PDL_MODES:
         raise ConfigError(f"KVPACK_DECODE_PDL={env!r} is not one of " + ", ".join(PDL_MODES))
-    early = pdl_variant(variant, k_kind, v_kind) or (
+    early = pdl_variant(variant, k_kind, v_kind) or head_dim <= PDL_MAX_HEAD_DIM or (
         variant == "fragt" and merge_programs is not None and merge_programs <= FRAGT_PDL_MAX_MERGE)
     mode = PDL_MODES[env] if env else (1 if early else 0)
     if mode == 0:
