@@ -85,7 +85,7 @@ FRAG_ROT_EPILOGUE = os.environ.get("KVPACK_FRAG_ROT_EPILOGUE", "1") != "0"
 # the variants listed: "fragt" (session 36, H200, per layer, side by side, results/merge_s36: int4 0.98-1.00x the
 # time, 8-bit at head dim 64 0.98x int8 / 0.95x fp8_e4m3 at SmolLM2's 32 x 4096), "dot" and "imma" (`_decode_kernel`,
 # whose q loads otherwise wait on the query_start_loc load; session 37, results/allq_s37: 0.97-1.00x, bf16 at
-# 1 x 32768 0.99x, SmolLM2 int4 0.985x, 256 x 256 int8 ("imma") 0.99x, fp8_e5m2 0.97x; the other bf16 shapes
+# 1 x 32768 0.99x, SmolLM2 int4 0.988x, 256 x 256 int8 ("imma") 0.99x, fp8_e5m2 0.97x; the other bf16 shapes
 # 1.000x), not "frag" (0.99-1.03x: int8 1.00-1.01x, fp8_e4m3 0.99-1.00x, fp8_e5m2 at 128 x 1024 1.03x).
 # KVPACK_DECODE_ALL_Q=0: none, "all": "frag" too (read at import)
 _ALL_Q_ENV = os.environ.get("KVPACK_DECODE_ALL_Q", "").strip()
