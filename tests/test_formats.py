@@ -224,8 +224,35 @@ def test_int4_error_bound(head_dim):
     err = (x - xh).abs().view(300, 2, -1, gs)
     assert (err <= (s32 / 2 + eps)[..., None]).all()
     assert torch.equal(xh[0, 0], torch.zeros(head_dim))
-    ref = torch.clamp(torch.round((xg - m32[..., None]) / s32[..., None]), 0, 15).view(300, 2, head_dim)
-    assert torch.equal(unpack_int4(codes).float(), ref)
+    # the definition: fl(x - m) times the float32 reciprocal of s, rounded half to even, clamped
+    ref = torch.clamp(torch.round((xg - m32[..., None]) * (1.0 / s32[..., None])), 0, 15)
+    got = unpack_int4(codes).float().view(300, 2, -1, gs)
+    assert torch.equal(got, ref)
+    # within ~1e-6 of the nearest level to the exact quotient (float64) wherever that is in range
+    quot = (xg.double() - m32[..., None].double()) / s32[..., None].double()
+    inside = (quot >= 0) & (quot <= 15)
+    assert ((got.double() - quot).abs()[inside] <= 0.5 + 2e-6).all()
+
+
+def test_int4_code_near_half_levels():
+    """Quotients (x - m) / s a hair off k + 0.5 (x = m + (k + 0.5 +- 2**-12) s): the code is the
+    nearer level, as the exact quotient's; exact ties k + 0.5 may take either neighbour (fl(1 / s) is
+    inexact for most s), never another code."""
+    f = resolve_format("int4", head_dim=32, rotate=False)  # one group of 32
+    s = torch.tensor([0.1, 0.3, 1.0 / 3.0, 0.7, 3.0]).half().float()
+    k = torch.arange(15).float()
+    for d, want in ((2.0 ** -12, k + 1), (-(2.0 ** -12), k), (0.0, None)):
+        for sv in s:
+            x = torch.zeros(1, 1, 32)  # min 0
+            x[0, 0, :15] = (k + 0.5 + d) * sv
+            x[0, 0, 15] = 15 * sv  # max 15 s: m = 0 and the scale s itself
+            codes, sc, m = f.quantize(x)
+            assert sc.float().item() == sv.item() and m.item() == 0.0
+            got = unpack_int4(codes).float().flatten()[:15]
+            if want is None:
+                assert ((got == k) | (got == k + 1)).all()
+            else:
+                assert torch.equal(got, want), (sv.item(), d, got, want)
 
 
 # ---- fp8 through KVFormat ------------------------------------------------------------------

@@ -155,13 +155,21 @@ def test_write_centered(name, D):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("name", ["int4", "int4-norot", "int8", "fp8_e4m3", "fp8_e5m2-static", "bfloat16"])
 def test_write_row_layout(name, D, monkeypatch):
-    """The row layout (`cache_write.row_layout`: 32 channels of a row per thread, loaded and stored
-    through a 4-D pointer tensor) on every side that takes it, here at a few tokens (the launcher's
+    """The row layout (`cache_write.row_layout`: a quarter of a row per thread, loaded and stored
+    through a 4-D or 5-D pointer tensor) on every side that takes it, here at a few tokens (the launcher's
     default takes it from ROW_MIN_TOKENS): codes, scales and zeros still equal the reference's bits,
-    with the layer means subtracted too."""
+    with the layer means subtracted too. Head dim 128 in both layouts: lanes on channel bits 4-5 (the
+    default) and 3-4 (`KVPACK_WRITE_LANE_BIT=3`)."""
     from kvpack.kernels import cache_write
 
     monkeypatch.setattr(cache_write, "ROW_MIN_TOKENS", 1)
+    for lane_bit in ((None, "3") if D == 128 else (None,)):
+        if lane_bit:
+            monkeypatch.setenv("KVPACK_WRITE_LANE_BIT", lane_bit)
+        _row_layout_cases(name, D)
+
+
+def _row_layout_cases(name, D):
     run_write(name, name, T=37, H=2, D=D, dtype=torch.bfloat16, centered=name != "bfloat16")
     run_write(name, "int4", T=21, H=3, D=D, dtype=torch.float32)
     if name.startswith("int4") and D == 128:  # groups over several lanes' chunks
@@ -171,7 +179,8 @@ def test_write_row_layout(name, D, monkeypatch):
 
 def test_write_row_layout_is_taken():
     """The launcher's rule: rotated or int4 sides at head dims 64 / 128, from ROW_MIN_TOKENS
-    tokens; the rest (and every side of a short write) keep the plain layout."""
+    tokens (lanes on channel bits 4-5 at 128, 3-4 at 64); the rest (and every side of a short write)
+    keep the plain layout (0)."""
     from kvpack.kernels.cache_write import ROW_MIN_TOKENS, plan_write
 
     def rows(name, D, T):
@@ -180,10 +189,11 @@ def test_write_row_layout_is_taken():
         return plan_write(k, k, lc, torch.zeros(T, dtype=torch.long))[1][-3:-1]
 
     T = ROW_MIN_TOKENS
-    assert rows("int4", 128, T) == [True, False] and rows("int4", 128, T - 1) == [False, False]
-    assert rows("fp8_e4m3", 64, T) == [True, False] and rows("int4-norot", 64, T) == [True, False]
-    assert rows("int8", 128, T) == [False, False] and rows("int4", 80, T) == [False, False]
-    assert rows("int4", 32, T) == [False, False] and rows("fp8_e4m3", 256, T) == [False, False]
+    assert rows("int4", 128, T) == [4, 0] and rows("int4", 128, T - 1) == [0, 0]
+    assert rows("fp8_e4m3", 128, T) == [4, 0] and rows("int4-norot", 128, T) == [4, 0]
+    assert rows("fp8_e4m3", 64, T) == [3, 0] and rows("int4-norot", 64, T) == [3, 0]
+    assert rows("int8", 128, T) == [0, 0] and rows("int4", 80, T) == [0, 0]
+    assert rows("int4", 32, T) == [0, 0] and rows("fp8_e4m3", 256, T) == [0, 0]
 
 
 def test_write_single_token_and_all_dropped():
@@ -544,7 +554,7 @@ def test_write_gpu_int4_clamp_and_nan_groups(T, D):
     k[T - 3, 0, 0] = float("nan")
     v = k.flip(0).contiguous()
     s, m = int4_params(k, G)
-    q = torch.round((k.view(T, H, D // G, G) - m.float()[..., None]) / s.float()[..., None])
+    q = torch.round((k.view(T, H, D // G, G) - m.float()[..., None]) * (1.0 / s.float()[..., None]))
     assert ((q < 0) | (q > 15)).any()
     nb = T // bs + 2
     lc = LayerKVCache(allocate_pool(fmt, nb, H, bs, "cpu"), allocate_pool(fmt, nb, H, bs, "cpu"))

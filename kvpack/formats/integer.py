@@ -1,14 +1,18 @@
 """int8 (symmetric) and int4 (asymmetric, packed two per byte) quantization: the reference codecs.
 
-All arithmetic is float32 with IEEE division; scales and zero-points are rounded to float16
-(`SCALE_DTYPE`) before use, so a kernel that loads them from the cache computes the same codes.
+All arithmetic is float32 (int8: IEEE division; int4: a multiply by the scale's float32
+reciprocal); scales and zero-points are rounded to float16 (`SCALE_DTYPE`) before use, so a kernel
+that loads them from the cache computes the same codes.
 
 int8, per (token, head), or per head with a static float32 scale `s`:
     s = fp16(absmax / 127), s == 0 -> 1;  code = clamp(round_half_even(x / s), -127, 127);
     x^ = code * s
 int4, per (token, head, group of `group_size` channels):
     m = fp16(min), s = fp16((max - min) / 15), s == 0 -> 1;
-    code = clamp(round_half_even((x - m) / s), 0, 15);  x^ = code * s + m
+    code = clamp(round_half_even(fl(x - m) * r), 0, 15), r = fl(1 / s);  x^ = code * s + m
+    (the product is within 1.5 units in the last place of the quotient (x - m) / s, so a code differs
+    from the quotient's only where that lies within ~1e-6 of a half-integer: two levels equally near.
+    The cache write then needs one multiply an element where the IEEE quotient took three.)
     Nibble order (`INT4_NIBBLE_ORDER = "split_half"`): byte j (0 <= j < D/2) holds channel j in
     its low nibble and channel j + D/2 in its high nibble:  byte = c[j] | c[j + D/2] << 4.
 """
@@ -74,7 +78,8 @@ def _quantize_int4(fmt: KVFormat, x: torch.Tensor, static_scale: torch.Tensor | 
     n, h, d = x.shape
     scales, zeros = int4_params(x, fmt.group_size)
     xg = x.reshape(n, h, d // fmt.group_size, fmt.group_size)
-    q = torch.round((xg - zeros.float()[..., None]) / scales.float()[..., None])
+    r = 1.0 / scales.float()[..., None]  # IEEE float32 division, as the kernels' `recip_f16`
+    q = torch.round((xg - zeros.float()[..., None]) * r)
     q = torch.clamp(q, INT4_CODE_MIN, INT4_CODE_MAX).to(torch.uint8).view(n, h, d)
     return pack_int4(q), scales, zeros
 

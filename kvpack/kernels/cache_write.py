@@ -15,8 +15,8 @@ that is not a power of two (80, 96: Hadamard blocks straddle the two nibble halv
 rotated by `storage_input` in the launcher, and the kernel quantizes.
 
 Long writes (>= ROW_MIN_TOKENS tokens: prefill) of rotated or int4 sides at head dims 64 and 128 use
-the row layout (`_load_rows`, `row_layout`): 32 channels of a row per thread, so that most butterfly
-stages and group reductions stay in registers; short ones (decode) keep the plain layout.
+the row layout (`_load_rows`, `row_layout`): a quarter of a row per thread (4 lanes a row), so that
+most butterfly stages and group reductions stay in registers; short ones (decode) keep the plain layout.
 """
 
 from __future__ import annotations
@@ -85,12 +85,32 @@ def _row_offsets(N: tl.constexpr):
 
 
 @triton.jit
+def _row_offsets_lanes(N: tl.constexpr, LANE_BIT: tl.constexpr, VEC: tl.constexpr = ROW_VEC):
+    """`_row_offsets` with channel bits LANE_BIT and LANE_BIT + 1 on the 4 lanes of a row (instead of
+    3-4) and every other bit in registers, as [lane, 1 (token), hi, mid, vec]: element hi * 4 L +
+    lane * L + mid * VEC + vec, L = 2 ** LANE_BIT (VEC elements a vector access: 16 bytes)."""
+    L: tl.constexpr = 1 << LANE_BIT
+    lane = tl.arange(0, 4)[:, None, None, None, None] * L
+    hi = tl.arange(0, N // (4 * L))[None, None, :, None, None] * (4 * L)
+    mid = tl.arange(0, L // VEC)[None, None, None, :, None] * VEC
+    return lane + hi + mid + tl.arange(0, VEC)[None, None, None, None, :]
+
+
+@triton.jit
 def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PAD: tl.constexpr,
-               ROWS: tl.constexpr = False):
+               ROWS: tl.constexpr = 0):
     """The program's rows of one side [BT, D_PAD] in the input dtype (padding 0).
 
-    ROWS (`row_layout`): loaded through the 4-D pointer tensor of `_row_offsets`, so that each thread
-    holds 32 channels of a row (8 consecutive ones in each 32: channel bits 0-2 and 5-6 in registers,
+    ROWS (`row_layout`: 0 the plain layout, else the lower of the two channel bits a row's 4 lanes
+    hold). ROWS = 4 (head dim 128): through the 5-D pointer tensor of `_row_offsets_lanes`, each thread
+    holds channel bits 0-3 and 6 (two runs of 16 channels), bits 4-5 on the lanes: an int4 group of 32
+    spans 2 lanes, not 4, so each thread reduces and parameterizes 2 groups a side instead of 4 (sm_90
+    SASS of int4 group 32: 1,600 -> 1,496 instructions a program, 32 tokens x K and V; H200, 65536
+    tokens of Llama-8B, random slots / a prompt's blocks: 1.88 / 2.02 -> 2.14 / 2.16 TB/s of input,
+    group 64 2.09 / 2.13 -> 2.14 / 2.16, group 128 and FP8 equal or up to 0.7 % faster;
+    results/write_s38). Its codes leave in one 16-byte store a thread (two 8-byte ones had run at
+    1.85 TB/s on random slots: half-written sectors). ROWS = 3 (head dim 64; 128 before session 38):
+    through the 4-D pointer tensor of `_row_offsets`, so that each thread holds N / 4 channels of a row (8 consecutive ones in each 32: channel bits 0-2 and 5-6 in registers,
     bits 3-4 on 4 lanes), and the permute + reshape back to [BT, D] move no data. Five of the seven
     Hadamard stages, int4's nibble pairing (j, j + 64) and most of each group reduction then run in
     registers (the rest: 2 shuffles deep), and `_store_row_layout` stores the codes from the same
@@ -102,6 +122,10 @@ def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PA
     against 123: each warp-wide 16-byte load then touches 32 lines instead of 8
     (results/attention_s20/write)."""
     x_row = x_ptr + tok.to(tl.int64) * stride_xt + h * stride_xh
+    if ROWS > 3:  # channel bits ROWS, ROWS + 1 on the lanes
+        x5 = tl.load(x_row[None, :, None, None, None] + _row_offsets_lanes(D, ROWS),
+                     mask=tmask[None, :, None, None, None], other=0.0)
+        return tl.reshape(tl.permute(x5, (1, 2, 0, 3, 4)), (tok.shape[0], D))
     if ROWS:  # D a power of two, a multiple of ROW_CHUNK
         BT: tl.constexpr = tok.shape[0]
         x4 = tl.load(x_row[None, :, None, None] + _row_offsets(D), mask=tmask[None, :, None, None], other=0.0)
@@ -111,11 +135,18 @@ def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PA
 
 
 @triton.jit
-def _store_row_layout(row_ptr, x, tmask, N: tl.constexpr):
+def _store_row_layout(row_ptr, x, tmask, N: tl.constexpr, ROWS: tl.constexpr = 3):
     """tl.store of x [BT, N] (N a multiple of ROW_CHUNK) into rows row_ptr [BT] + 0..N-1, through the
     pointer tensor of `_load_rows`' row layout, so that x (computed in that layout) is stored without a
     layout conversion (a plain [BT, N] store moved the codes through shared memory)."""
     BT: tl.constexpr = x.shape[0]
+    if ROWS > 3:
+        L: tl.constexpr = 1 << ROWS
+        VEC: tl.constexpr = min(L, 128 // x.dtype.primitive_bitwidth)  # a run in one 16-byte store if it fits
+        x5 = tl.permute(tl.reshape(x, (BT, N // (4 * L), 4, L // VEC, VEC)), (2, 0, 1, 3, 4))
+        tl.store(row_ptr[None, :, None, None, None] + _row_offsets_lanes(N, ROWS, VEC), x5,
+                 mask=tmask[None, :, None, None, None])
+        return
     x4 = tl.permute(tl.reshape(x, (BT, N // ROW_CHUNK, ROW_CHUNK // ROW_VEC, ROW_VEC)), (2, 0, 1, 3))
     tl.store(row_ptr[None, :, None, None] + _row_offsets(N), x4, mask=tmask[None, :, None, None])
 
@@ -126,7 +157,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 FMT: tl.constexpr, STATIC: tl.constexpr, QMAX: tl.constexpr,
                 D: tl.constexpr, D_PAD: tl.constexpr, HALF_PAD: tl.constexpr, G: tl.constexpr,
                 NG: tl.constexpr, CENTER: tl.constexpr, ROTATE: tl.constexpr, HB: tl.constexpr,
-                NORM: tl.constexpr, BT: tl.constexpr, HW_FP8: tl.constexpr, ROWS: tl.constexpr = False):
+                NORM: tl.constexpr, BT: tl.constexpr, HW_FP8: tl.constexpr, ROWS: tl.constexpr = 0):
     c_row = blk * cs0 + h * cs1 + off * cs2  # [BT] int64 element offsets
     s_row = blk * ss0 + h * ss1 + off * ss2
     if FMT == K_FMT_INT4 and D == D_PAD:  # a power-of-two head dim: whole rows, groups in place
@@ -152,12 +183,12 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         else:
             tl.store(scales_ptr + g_off, s.to(tl.float16), mask=tmask[:, None, None])
             tl.store(zeros_ptr + g_off, m, mask=tmask[:, None, None])
-        code = int4_encode(xg, m.to(tl.float32), s, recip_f16(s), True)
+        code = int4_encode(xg, m.to(tl.float32), recip_f16(s))
         # byte j = code j | code (j + D/2) << 4: a sum over the halves' axis (disjoint bits)
         c2 = tl.reshape(code, (BT, 2, D // 2)) << (4 * tl.arange(0, 2))[None, :, None]
         packed = tl.sum(c2, axis=1).to(tl.uint8)
         if ROWS:  # (head dims 64 / 128: D / 2 a multiple of ROW_CHUNK)
-            _store_row_layout(codes_ptr + c_row, packed, tmask, D // 2)
+            _store_row_layout(codes_ptr + c_row, packed, tmask, D // 2, ROWS)
         else:
             j = tl.arange(0, D // 2)
             tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=tmask[:, None])
@@ -169,8 +200,6 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
         x_lo = tl.load(x_row[:, None] + j[None, :], mask=jm, other=0.0).to(tl.float32)
         x_hi = tl.load(x_row[:, None] + HALF + j[None, :], mask=jm, other=0.0).to(tl.float32)
         # groups may straddle the halves, and padding: one masked pass per group
-        s_lo = tl.zeros_like(x_lo)
-        s_hi = tl.zeros_like(x_lo)
         r_lo = tl.zeros_like(x_lo)
         r_hi = tl.zeros_like(x_lo)
         m_lo = tl.zeros_like(x_lo)
@@ -188,17 +217,13 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
             tl.store(scales_ptr + s_row + g, s.to(tl.float16), mask=tmask)
             tl.store(zeros_ptr + s_row + g, m, mask=tmask)
             r = recip_f16(s)
-            s_lo = tl.where(in_lo, s[:, None], s_lo)
-            s_hi = tl.where(in_hi, s[:, None], s_hi)
             r_lo = tl.where(in_lo, r[:, None], r_lo)
             r_hi = tl.where(in_hi, r[:, None], r_hi)
             m_lo = tl.where(in_lo, m.to(tl.float32)[:, None], m_lo)
             m_hi = tl.where(in_hi, m.to(tl.float32)[:, None], m_hi)
-        s_lo = tl.where(jm, s_lo, 1.0)
-        s_hi = tl.where(jm, s_hi, 1.0)
         r_lo = tl.where(jm, r_lo, 1.0)
         r_hi = tl.where(jm, r_hi, 1.0)
-        packed = int4_pack(int4_encode(x_lo, m_lo, s_lo, r_lo), int4_encode(x_hi, m_hi, s_hi, r_hi))
+        packed = int4_pack(int4_encode(x_lo, m_lo, r_lo), int4_encode(x_hi, m_hi, r_hi))
         tl.store(codes_ptr + c_row[:, None] + j[None, :], packed, mask=jm)
     else:
         d = tl.arange(0, D_PAD)
@@ -236,7 +261,7 @@ def _write_side(x_in, x_ptr, stride_xt, stride_xh, codes_ptr, scales_ptr, zeros_
                 v = div_by_scale_rows(x, s, r)
                 code = fp8_encode_hw(v, FMT, True) if HW_FP8 else fp8_encode(v, FMT)
             if ROWS:
-                _store_row_layout(codes_ptr + c_row, code, tmask, D)
+                _store_row_layout(codes_ptr + c_row, code, tmask, D, ROWS)
             else:
                 tl.store(c_ptrs, code, mask=dm)
 
@@ -307,14 +332,23 @@ def _side_input(x: torch.Tensor, pool: CachePool, mean: torch.Tensor | None) -> 
 ROW_MIN_TOKENS = 1024
 
 
-def row_layout(pool: CachePool, rotate: bool) -> bool:
-    """Load this side in `_load_rows`' row layout: rotated or int4 (Hadamard stages, group
-    reductions) at head dims 64 and 128 (timed and tested on the H200). int8 without rotation and the
-    float formats keep the plain layout (no per-channel work to gain from it). At 256 the compiler
-    moved the rows through shared memory (sm_90: 128 LDS / 128 STS a program) and FP8 gained nothing;
-    32 (half the SASS of the plain layout on sm_90) has not run on a GPU: plain at both."""
+# the lower of the two channel bits on a row's lanes in the row layout at head dim 128 (`_load_rows`);
+# KVPACK_WRITE_LANE_BIT=3 gives the layout of sessions 15-37 (for side-by-side probes)
+ROW_LANE_BIT_128 = 4
+
+
+def row_layout(pool: CachePool, rotate: bool) -> int:
+    """The `_load_rows` layout of this side in a long write: 0 (plain), or the lower of the channel
+    bits on a row's lanes: rotated or int4 sides (Hadamard stages, group reductions) at head dim 128
+    take ROW_LANE_BIT_128, at 64 bits 3-4 (timed and tested on the H200; int4's packed rows of 32
+    bytes there hold no 4 lanes' runs of 16). int8 without rotation and the float formats keep the
+    plain layout (no per-channel work to gain from it). At 256 the compiler moved the rows through
+    shared memory (sm_90: 128 LDS / 128 STS a program) and FP8 gained nothing; 32 (half the SASS of the
+    plain layout on sm_90) has not run on a GPU: plain at both."""
     d = pool.fmt.head_dim
-    return (rotate or pool.fmt.kind == "int4") and d in (64, 128)
+    if not ((rotate or pool.fmt.kind == "int4") and d in (64, 128)):
+        return 0
+    return int(os.environ.get("KVPACK_WRITE_LANE_BIT", ROW_LANE_BIT_128)) if d == 128 else 3
 
 
 def _pool_args(pool: CachePool, mean_arg) -> list:
@@ -361,9 +395,9 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     # the row layout where many tokens make the write issue-bound; a decode step's few tokens keep the
     # plain one, whose per-thread chain of instructions (the latency there) is shorter
     use_rows = T >= ROW_MIN_TOKENS if rows is None else rows
-    rows = [use_rows and row_layout(kp, k_extra[2]), use_rows and row_layout(vp, v_extra[2])]
+    rows = [row_layout(kp, k_extra[2]) if use_rows else 0, row_layout(vp, v_extra[2]) if use_rows else 0]
     # small batches (decode) take small token tiles: the per-thread instruction chain is the latency.
-    # The row layout: one (token, 32 channels) per thread, so 4 warps fill 4096 / D tokens
+    # The row layout: a quarter of a row per thread, so 4 warps fill 4096 / D tokens
     if block_t is None:
         cap = min(64, 4096 // d_pad) if any(rows) else min(16, 2048 // d_pad)
         block_t = max(1, min(cap, next_pow2(T)))

@@ -13,7 +13,7 @@ Stable names (the prefill and decode attention kernels and the cache-write kerne
     div_by_const(x, C)                 fl(x / C) for a constant C (from fl(1 / C)), no branch
     split_q_int8(q)                    float32 rows -> two int8 parts and a step per row (int8 MMAs)
     int8_encode(x, s, r)               float32 x, scale s (r = 1/s) -> int32 codes in [-127, 127]
-    int4_encode(x, m, s, r)            float32 x, zero m, scale s (r = 1/s) -> int32 codes in [0, 15]
+    int4_encode(x, m, r)               float32 x, zero m, r = fl(1 / scale) -> int32 codes in [0, 15]
     int4_lo(b), int4_hi(b)             packed byte -> int32 low / high nibble (channel j / j + D/2)
     int4_pack(lo, hi)                  two int32 nibbles -> uint8 byte
     fp8_encode(x, FMT)                 float32 -> uint8 code (FMT = FMT_FP8E4M3 or FMT_FP8E5M2)
@@ -145,7 +145,7 @@ def div_by_scale(x, s, r):
     return v
 
 
-# x * r and its correction, both returned, without the NaN guard (`div_by_scale_rows`, `int4_encode`)
+# x * r and its correction, both returned, without the NaN guard (`div_by_scale_rows`)
 _ASM_DIV_BY_SCALE_PAIR = tl.constexpr("""{
 .reg .f32 e;
 mul.rn.f32 $0, $2, $4;
@@ -236,21 +236,13 @@ def int8_encode(x, s, r, ROW_SCALE: tl.constexpr = False):
 
 
 @triton.jit
-def int4_encode(x, m, s, r, GROUP_GUARD: tl.constexpr = False):
-    """code = clamp(round_half_even((x - m) / s), 0, 15); x, m, s float32, r = div_rn(1, s) (m, s, r
-    broadcastable).
-
-    GROUP_GUARD (m, s the dynamic zero and scale of x's own group, fp16-rounded min and range / 15):
-    `div_by_scale`'s per-element NaN guard becomes one per group. The correction is NaN where the
-    quotient q is not (the guard's case) only if s = +inf (q = 0 for finite x) or m = -inf (the
-    group's min below -65504: x - m = +inf, q = +inf); elsewhere x - m and q are finite or NaN
-    together. So q is taken on such groups and the correction on the others: 1 select an element
-    instead of 3 instructions, the same codes."""
-    if GROUP_GUARD and not _INTERPRET_C:
-        q, e = _div_pair(x - m, s, r)
-        v = tl.where((s == float("inf")) | (m == -float("inf")), q, e)
-    else:
-        v = div_by_scale(x - m, s, r)
+def int4_encode(x, m, r):
+    """code = clamp(round_half_even(fl(x - m) * r), 0, 15) (the format's definition,
+    `kvpack.formats.integer`); x, m float32, r = fl(1 / s) (`recip_f16`), broadcastable. Two
+    instructions an element before the clamp and rounding, where the IEEE quotient (x - m) / s took
+    four (`div_by_scale`'s product and its correction). A NaN x or m gives code 0 (the clamp's
+    maximum returns 0), +inf 15; s = +inf has r = 0."""
+    v = (x - m) * r
     v = tl.minimum(tl.maximum(v, 0.0), _INT4_QMAX)
     return round_half_even(v)
 
