@@ -1,7 +1,8 @@
 """Shared @triton.jit helpers: rounding, int8/int4 encode, int4 nibbles, software FP8 encode/decode.
 
 Every helper implements the bit-level definition in `kvpack.formats` (docs/structures.md, "KV format
-definition") with integer/bit operations and IEEE float32 division, so that the codes a kernel
+definition") with integer/bit operations and IEEE float32 arithmetic (division for int8 / FP8, the
+scale's reciprocal for int4), so that the codes a kernel
 writes equal the PyTorch reference bit for bit, on any GPU (Ampere has no FP8 conversion
 instructions; none is emitted here) and under the CPU interpreter.
 
