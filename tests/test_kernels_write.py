@@ -196,6 +196,18 @@ def test_write_row_layout_is_taken():
     assert rows("int4", 32, T) == [0, 0] and rows("fp8_e4m3", 256, T) == [0, 0]
 
 
+def test_write_lane_bit_setting_is_checked(monkeypatch):
+    """KVPACK_WRITE_LANE_BIT takes 3 or 4 only; anything else is refused by name at plan time."""
+    from kvpack.kernels.cache_write import row_layout
+
+    pool = make_pool("int4", 128, 4, 2, 16, "cpu")
+    monkeypatch.setenv("KVPACK_WRITE_LANE_BIT", "3")
+    assert row_layout(pool, True) == 3
+    monkeypatch.setenv("KVPACK_WRITE_LANE_BIT", "5")
+    with pytest.raises(ValueError, match="KVPACK_WRITE_LANE_BIT='5'"):
+        row_layout(pool, True)
+
+
 def test_write_single_token_and_all_dropped():
     run_write("int4", "int8", T=1, drop=False)
     run_write("int8", "int8", T=3, drop=False, seed=1)

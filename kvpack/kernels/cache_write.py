@@ -110,8 +110,8 @@ def _load_rows(x_ptr, stride_xt, stride_xh, tok, tmask, h, D: tl.constexpr, D_PA
     group 64 2.09 / 2.13 -> 2.14 / 2.16, group 128 and FP8 equal or up to 0.7 % faster;
     results/write_s38). Its codes leave in one 16-byte store a thread (two 8-byte ones had run at
     1.85 TB/s on random slots: half-written sectors). ROWS = 3 (head dim 64; 128 before session 38):
-    through the 4-D pointer tensor of `_row_offsets`, so that each thread holds N / 4 channels of a row (8 consecutive ones in each 32: channel bits 0-2 and 5-6 in registers,
-    bits 3-4 on 4 lanes), and the permute + reshape back to [BT, D] move no data. Five of the seven
+    through the 4-D pointer tensor of `_row_offsets`, so that each thread holds a quarter of a row
+    (at 128: 8 consecutive channels in each 32, bits 0-2 and 5-6 in registers, bits 3-4 on 4 lanes), and the permute + reshape back to [BT, D] move no data. Five of the seven
     Hadamard stages, int4's nibble pairing (j, j + 64) and most of each group reduction then run in
     registers (the rest: 2 shuffles deep), and `_store_row_layout` stores the codes from the same
     lanes (sm_90 SASS: int4 47.8 -> 34.9 instructions an element, FP8 32.5 -> 26.6, no shared
@@ -348,7 +348,13 @@ def row_layout(pool: CachePool, rotate: bool) -> int:
     d = pool.fmt.head_dim
     if not ((rotate or pool.fmt.kind == "int4") and d in (64, 128)):
         return 0
-    return int(os.environ.get("KVPACK_WRITE_LANE_BIT", ROW_LANE_BIT_128)) if d == 128 else 3
+    if d == 64:
+        return 3
+    lane_bit = os.environ.get("KVPACK_WRITE_LANE_BIT", str(ROW_LANE_BIT_128))
+    if lane_bit not in ("3", "4"):
+        raise ValueError(f"KVPACK_WRITE_LANE_BIT={lane_bit!r}: expected 3 (lanes on channel bits 3-4) "
+                         f"or 4 (bits 4-5)")
+    return int(lane_bit)
 
 
 def _pool_args(pool: CachePool, mean_arg) -> list:
