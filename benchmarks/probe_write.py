@@ -1,13 +1,14 @@
 """Probe (not a benchmark table): the cache-write kernel's tile and warp count per format on a GPU.
 
 Times, in one run (CUDA-graph replays, L2 flushed), `write_kv`'s kernel for `--tokens` new tokens of
-Llama-3.1-8B K and V (8 kv heads, head dim 128, bf16 input, random slots or `--slots`) at each tokens-per-program
+K and V (Llama-3.1-8B's 8 kv heads, head dim 128, or `--kv-heads` / `--head-dim`; bf16 input, random slots or `--slots`) at each tokens-per-program
 (`--block-t`) and warp count (`--warps`), plus a device-to-device copy of the same input bytes (the
 ceiling: it reads and writes them). Prints one line per case: us and TB/s of input.
 
     python benchmarks/probe_write.py --tokens 16384
     python benchmarks/probe_write.py --tokens 65536 --block-t auto --warps 4 --rows 0,1  # the two layouts
     python benchmarks/probe_write.py --tokens 65536 --formats int4 --block-t auto --warps 4 --maxnreg 0,64
+    python benchmarks/probe_write.py --tokens 65536 --kv-heads 3 --head-dim 64 --block-t auto  # SmolLM2's K and V
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def main() -> int:
     ap.add_argument("--block-t", default="8,16,32")
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--rep-ms", type=int, default=30)
+    ap.add_argument("--kv-heads", type=int, default=8, help="kv heads of K and V (default: Llama-3.1-8B's)")
+    ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--slots", default="random", help="comma list of slot mappings: random, blocks "
                     "(`bench_attention.write_slots`)")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps per thread (0: none)")
@@ -40,7 +43,7 @@ def main() -> int:
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    shape = Shape("write", 1, 1, 32, 8, 128)
+    shape = Shape("write", 1, 1, args.kv_heads, args.kv_heads, args.head_dim)
     T = args.tokens
     nb = T // shape.block_size + 1
     k = torch.randn(T, shape.hkv, shape.head_dim, device=dev, dtype=torch.bfloat16)
