@@ -409,12 +409,7 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     # 36.4 / 33.0 us with 32-token tiles instead of 64 (two quarter rows a thread), FP8 33.2 / 29.8 -> 31.4 /
     # 29.1, int8 30.7 / 29.4 -> 30.6 / 27.2 with 32 instead of 16 (results/write_h64_s39)
     if block_t is None:
-        if any(rows):
-            cap = 32
-        elif d_pad == 64 and T >= ROW_MIN_TOKENS:
-            cap = 32
-        else:
-            cap = min(16, 2048 // d_pad)
+        cap = 32 if any(rows) or (d_pad == 64 and T >= ROW_MIN_TOKENS) else min(16, 2048 // d_pad)
         block_t = max(1, min(cap, next_pow2(T)))
     grid = (cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
