@@ -405,9 +405,9 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     # small batches (decode) take small token tiles: the per-thread instruction chain is the latency.
     # The row layout (head dims 64 and 128): a quarter of a row per thread, so 4 warps fill 32 tokens. The
     # plain layout: 2048 elements a program, but 32 tokens at head dim 64 in a long write. H200, 65536 tokens
-    # of SmolLM2's K and V (3 kv heads, head dim 64), random slots / a prompt's blocks: int4 39.6 / 33.4 ->
-    # 36.4 / 33.0 us with 32-token tiles instead of 64 (two quarter rows a thread), FP8 33.2 / 29.8 -> 31.4 /
-    # 29.1, int8 30.7 / 29.4 -> 30.6 / 27.2 with 32 instead of 16 (results/write_h64_s39)
+    # of SmolLM2's K and V (3 kv heads, head dim 64), random slots / a prompt's blocks, side by side: int4 39.9 /
+    # 33.4 -> 36.5 / 33.2 us with 32-token tiles instead of 64 (two quarter rows a thread), FP8 33.1 / 29.9 ->
+    # 31.4 / 29.0, int8 30.8 / 29.3 -> 30.4 / 27.3 with 32 instead of 16 (results/write_h64_s39)
     if block_t is None:
         cap = 32 if any(rows) or (d_pad == 64 and T >= ROW_MIN_TOKENS) else min(16, 2048 // d_pad)
         block_t = max(1, min(cap, next_pow2(T)))
