@@ -57,14 +57,17 @@ class _Req:
 class FakeEngine:
     """Generates the alphabet from the letter after the prompt's last byte, one token per step
     per running request; at most `max_num_seqs` run, the rest wait; each running request holds
-    ceil(len / block_size) blocks of `num_blocks`. `step_delay` paces the steps."""
+    ceil(len / block_size) blocks of `num_blocks`. `step_delay` paces the steps. With `hold_after`
+    = k a request stops after its k-th token and holds its blocks until it is aborted, so a test
+    of the abort path does not race the request's natural end."""
 
     def __init__(self, *, num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 4,
-                 max_model_len: int = 256, step_delay: float = 0.01):
+                 max_model_len: int = 256, step_delay: float = 0.01, hold_after: int | None = None):
         self.tokenizer = FakeTokenizer()
         self.max_model_len = max_model_len
         self.num_blocks, self.block_size, self.max_num_seqs = num_blocks, block_size, max_num_seqs
         self.step_delay = step_delay
+        self.hold_after = hold_after
         self.waiting: list[_Req] = []
         self.running: list[_Req] = []
         self.used_blocks = 0
@@ -115,6 +118,8 @@ class FakeEngine:
             self.running.append(r)
         outs = []
         for r in list(self.running):
+            if self.hold_after is not None and len(r.out) >= self.hold_after:
+                continue  # held: no output, blocks kept, until abort_request
             start = (r.ids[-1] - OFFSET) % 26 + 1
             tid = ord("a") + (start + len(r.out)) % 26 + OFFSET
             r.out.append(tid)
