@@ -65,8 +65,12 @@ def main() -> int:
                  for mr in (int(x) for x in args.maxnreg.split(","))]
         for sp, rows, bt, nw, mr in cases:
             slots = write_slots(sp, T, shape.block_size, dev)
-            grid, kargs, opts = plan_write(k, v, lc, slots, block_t=bt, num_warps=nw,
-                                           rows=None if rows == "auto" else rows == "1")
+            try:
+                grid, kargs, opts = plan_write(k, v, lc, slots, block_t=bt, num_warps=nw,
+                                               rows=None if rows == "auto" else rows == "1")
+            except ValueError as e:  # a tile the kernel's layout cannot fill
+                print(f"{fmt_name:12s} {sp:6s} rows={rows:4s} bt={bt} w={nw} skipped: {e}", flush=True)
+                continue
             if mr:
                 opts = {**opts, "maxnreg": mr}
             tag = (f"{fmt_name:12s} {sp:6s} rows={rows:4s} ({int(any(kargs[-3:-1]))}) bt={T // grid[0]:3d} w={nw}"

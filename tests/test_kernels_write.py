@@ -597,3 +597,28 @@ def test_reference_cpu_path_matches_reference():
     ref = clone_cache(lc)
     reference.write_kv(k, v, ref, slots)
     assert_same_cache(reference_write_cpu(k, v, lc, slots), ref)
+
+
+def test_write_tile_arguments_are_checked():
+    """`plan_write`'s tile arguments: a row-layout tile with more threads than quarter rows (16
+    tokens on 4 warps, 32 on 8: the threads repeat each other's rows, 4-7x slower on the H200) and
+    tiles or warp counts that are not powers of two are refused by name; the largest valid ones and
+    every default plan pass."""
+    from kvpack.kernels.cache_write import ROW_MIN_TOKENS, plan_write
+
+    lc = LayerKVCache(make_pool("int4", 128, 80, 2, 16, "cpu"), make_pool("int8", 128, 80, 2, 16, "cpu"))
+    T = ROW_MIN_TOKENS
+    k = torch.zeros(T, 2, 128)
+    slots = torch.arange(T)
+    for bt, nw in ((16, 4), (32, 8), (8, 2)):
+        with pytest.raises(ValueError, match=f"block_t={bt} tokens have {4 * bt} quarter rows.*{32 * nw} threads"):
+            plan_write(k, k, lc, slots, block_t=bt, num_warps=nw)
+        plan_write(k, k, lc, slots, block_t=bt, num_warps=nw, rows=False)  # the plain layout takes it
+    for bt, nw in ((32, 4), (64, 8), (8, 1)):
+        assert plan_write(k, k, lc, slots, block_t=bt, num_warps=nw)[0] == (T // bt, 2)
+    for bt, nw in ((24, 4), (32, 3), (0, 4)):
+        with pytest.raises(ValueError, match="powers of two"):
+            plan_write(k, k, lc, slots, block_t=bt, num_warps=nw)
+    # default plans: forced rows on a short write, and 8 warps, get a tile the layout fills
+    assert plan_write(k[:5], k[:5], lc, slots[:5], rows=True)[0] == (1, 2)
+    assert plan_write(k, k, lc, slots, num_warps=8)[0] == (T // 64, 2)

@@ -410,7 +410,14 @@ def plan_write(k: torch.Tensor, v: torch.Tensor, layer_cache: LayerKVCache, slot
     # 31.4 / 29.0, int8 30.8 / 29.3 -> 30.4 / 27.3 with 32 instead of 16 (results/write_h64_s39)
     if block_t is None:
         cap = 32 if any(rows) or (d_pad == 64 and T >= ROW_MIN_TOKENS) else min(16, 2048 // d_pad)
-        block_t = max(1, min(cap, next_pow2(T)))
+        block_t = max(1, min(cap, next_pow2(T)), 8 * num_warps if any(rows) else 1)
+    if block_t < 1 or block_t & (block_t - 1) or num_warps < 1 or num_warps & (num_warps - 1):
+        raise ValueError(f"block_t={block_t}, num_warps={num_warps}: both must be powers of two")
+    if any(rows) and 4 * block_t < 32 * num_warps:
+        # more threads than quarter rows: threads repeat each other's rows (H200: 4-7x slower)
+        raise ValueError(f"the row layout gives each thread a quarter of a row: block_t={block_t} tokens "
+                         f"have {4 * block_t} quarter rows, fewer than num_warps={num_warps} warps' "
+                         f"{32 * num_warps} threads; use block_t >= {8 * num_warps} or fewer warps")
     grid = (cdiv(T, block_t), H)
     args = [k, v, k.stride(0), k.stride(1), v.stride(0), v.stride(1), slots, T,
             *_pool_args(kp, k_extra[0]), *_pool_args(vp, v_extra[0]),
