@@ -702,6 +702,61 @@ def test_decode_hw_fp8_gpu(k_name, v_name, variant, splits, prefetch, monkeypatc
     assert ((hw.float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
 
 
+def test_e5m2_hw_decode_setting(monkeypatch):
+    """e5m2 takes the conversion instruction (the kernels' E5M2_HW) only where e4m3 does (`hw_fp8_decode`), in the
+    Gluon variants, with an e5m2 side, and as KVPACK_E5M2_HW (0 / 1) or the default says; anything else in the
+    setting is refused by name."""
+    import kvpack.kernels.decode_attention as da
+    from kvpack.kernels import decode_plan
+
+    monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
+    q, lc, meta = build_case("fp8_e4m3", "fp8_e5m2", [300, 9], 32, 8, 128, 16)
+    q4, lc4, meta4 = build_case("fp8_e4m3", "fp8_e4m3", [300, 9], 32, 8, 128, 16)
+
+    def hw(variant, case=(q, lc, meta)):
+        return da.plan_decode(case[0], case[1], case[2], 0.1, variant=variant, num_splits=2).options.get("E5M2_HW", False)
+
+    assert not hw("frag")  # a CPU device: no conversion instruction
+    monkeypatch.setattr(da, "hw_fp8_decode", lambda device: True)
+    assert hw("frag") == hw("fragt") == decode_plan.E5M2_HW_DEFAULT
+    for env, want in (("1", True), ("0", False)):
+        monkeypatch.setenv("KVPACK_E5M2_HW", env)
+        assert (hw("frag"), hw("fragt"), hw("dot"), hw("frag", (q4, lc4, meta4))) == (want, want, False, False)
+    monkeypatch.setenv("KVPACK_E5M2_HW", "yes")
+    with pytest.raises(ValueError, match="KVPACK_E5M2_HW='yes': expected 0 or 1"):
+        hw("frag")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name,variant,splits,prefetch,shape", [
+    ("fp8_e5m2", "fp8_e5m2", "frag", 8, None, (32, 8, 128)), ("fp8_e5m2", "fp8_e5m2", "frag", 3, 0, (32, 8, 128)),
+    ("fp8_e5m2", "fp8_e5m2", "frag", 1, 0, (32, 8, 128)), ("fp8_e5m2-static", "fp8_e5m2", "frag", 8, None, (32, 8, 128)),
+    ("fp8_e4m3", "fp8_e5m2", "frag", 4, None, (32, 8, 128)), ("fp8_e5m2", "int8", "frag", 4, 0, (32, 8, 128)),
+    ("fp8_e5m2", "fp8_e5m2", "fragt", 3, 0, (32, 8, 128)), ("fp8_e5m2", "fp8_e5m2", "fragt", 16, 0, (9, 3, 64)),
+    ("fp8_e5m2", "fp8_e4m3", "fragt", 1, 0, (9, 3, 64)), ("int8", "fp8_e5m2-static", "fragt", 4, 0, (9, 3, 64))])
+def test_decode_e5m2_hw_gpu(k_name, v_name, variant, splits, prefetch, shape, monkeypatch):
+    """e5m2 decoded by the conversion instruction (KVPACK_E5M2_HW=1) gives the same bits as its byte permute
+    (both exact), with the ring, direct loads, one split, "fragt" at head dims 128 and 64 (SmolLM2's heads), static
+    scales and beside other formats; within the tolerance of the reference."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 conversion instruction before sm_89")
+    Hq, Hkv, D = shape
+    q, lc, meta = build_case(k_name, v_name, [4099, 1, 777, 2048], Hq, Hkv, D, 16, device="cuda")
+    scale = D ** -0.5
+    kw = dict(num_splits=splits, variant=variant, prefetch=prefetch)
+    out = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("KVPACK_E5M2_HW", env)
+        plan = plan_decode(q, lc, meta, scale, **kw)
+        assert plan.variant == variant and plan.options.get("E5M2_HW", False) == (env == "1")
+        out[env] = decode_paged_attention(q, lc, meta, scale, **kw)
+    assert torch.equal(out["1"], out["0"])
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    assert ((out["1"].float() - ref).abs() - RTOL * ref.abs()).max().item() <= ATOL
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("Hq,Hkv", [(8, 8), (16, 1), (12, 4)])
 def test_decode_frag_gpu_group_sizes(Hq, Hkv):

@@ -52,7 +52,8 @@ from kvpack.formats import hadamard_block_size, hadamard_norm
 from kvpack.kernels.rotate import _hadamard, rotate_heads
 from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benchmarks)
     FRAG_INT4_MIN_GROUP, FRAG_MIN_TOKENS, RING_MIN_TOKENS, VARIANTS, DecodePlan, _side_args, choose_merge,
-    choose_num_splits, choose_ring_splits, choose_variant, fallback_variant, hw_fp8_decode, int4_ring_default, merge_chunk,
+    choose_num_splits, choose_ring_splits, choose_variant, e5m2_hw_decode, fallback_variant, hw_fp8_decode,
+    int4_ring_default, merge_chunk,
     merge_counters, merge_warps, pdl_mode, SMALL_HEAD_MAXNREG, _sm_count,
 )
 from kvpack.kernels.quant import (
@@ -969,6 +970,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         po = pml = out
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    if hw_fp8 and "fp8_e5m2" in (kp.fmt.kind, vp.fmt.kind) and e5m2_hw_decode():
+        options["E5M2_HW"] = True
     if variant == "fragt" and int4_ring_ok(kp, vp):
         if ring4 is None:
             ring4 = INT4_RING if INT4_RING is not None else int(int4_ring_default(dev))

@@ -164,7 +164,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kvpack.kernels.quant import (
-    K_FMT_FP8E4M3, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2,
+    K_FMT_FP8E4M3, K_FMT_FP8E5M2, K_FMT_INT4, K_FMT_INT8, fp8_decode_f16, fp8_decode_f16_hw, int8_to_f16, prefetch_l2,
     probe_entry, probe_exit, probe_stamp, split_q_int8,
 )
 
@@ -428,13 +428,15 @@ def _pdl_trigger():
 
 
 @gluon.jit
-def _to_f16(c, FMT: gl.constexpr, FACTOR: gl.constexpr):
+def _to_f16(c, FMT: gl.constexpr, FACTOR: gl.constexpr, E5M2_HW: gl.constexpr = False):
     """8-bit codes -> float16 (int8: the value; e4m3: value / FACTOR; e5m2: the value), PTX byte moves; e4m3
-    with FACTOR 1 (sm >= 89: `decode_plan.hw_fp8_decode`) by the conversion instruction."""
+    with FACTOR 1 (sm >= 89: `decode_plan.hw_fp8_decode`) and e5m2 with E5M2_HW by the conversion instruction."""
     if FMT == K_FMT_INT8:
         out = int8_to_f16(c)
     elif FMT == K_FMT_FP8E4M3 and FACTOR == 1.0:
         out = fp8_decode_f16_hw(c)
+    elif FMT == K_FMT_FP8E5M2 and E5M2_HW:
+        out = fp8_decode_f16_hw(c, True)
     else:
         out = fp8_decode_f16(c, FMT)
     return out
@@ -687,7 +689,7 @@ def _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED: gl.cons
 
 @gluon.jit
 def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr, K_FACTOR: gl.constexpr,
-                D: gl.constexpr = 128):
+                D: gl.constexpr = 128, E5M2_HW: gl.constexpr = False):
     """`_k8_load`'s codes [i 8, nl 8, t 4, b D / 4] as the B operand [D, 64] of q @ K^T (AS_A: the A operand
     [64, D] of K @ q^T, "fragt"): int8 codes as they are for int8 MMAs (QK8; byte D / 4 t + 8 j + 4 h + e of a
     token is channel 32 j + 16 h + 4 t + e), else float16 (`_to_f16`; byte D / 4 t + 4 j + 2 h + e is channel
@@ -695,7 +697,7 @@ def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr, 
     if QK8:
         k = gl.reshape(kc, [8, 8, 4, D // 32, 2, 4])  # i nl t j h e
     else:
-        k = gl.reshape(_to_f16(kc, K_FMT, K_FACTOR), [8, 8, 4, D // 16, 2, 2])  # i nl t j h e
+        k = gl.reshape(_to_f16(kc, K_FMT, K_FACTOR, E5M2_HW), [8, 8, 4, D // 16, 2, 2])  # i nl t j h e
     if AS_A:
         out = gl.convert_layout(gl.reshape(gl.permute(k, [0, 1, 3, 4, 2, 5]), [64, D]), A_OP8 if QK8 else A_OP,
                                 assert_trivial=True)
@@ -706,10 +708,11 @@ def _k8_operand(kc, K_FMT: gl.constexpr, QK8: gl.constexpr, AS_A: gl.constexpr, 
 
 
 @gluon.jit
-def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.constexpr, D: gl.constexpr = 128):
+def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.constexpr, D: gl.constexpr = 128,
+                E5M2_HW: gl.constexpr = False):
     """`_v8_load`'s codes as float16, the B operand [64, D] of P @ V (AS_A: the A operand [D, 64] of
     V^T @ P^T); output channel 8 m + nl of the operand is channel D / 8 nl + m (module doc)."""
-    v = gl.reshape(_to_f16(vc, V_FMT, V_FACTOR), [64, 8, D // 8])
+    v = gl.reshape(_to_f16(vc, V_FMT, V_FACTOR, E5M2_HW), [64, 8, D // 8])
     v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, D])  # token, m, nl
     return _v_operand(v, AS_A)
 
@@ -761,7 +764,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr,
                RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0,
                kz_ptr=None, vz_ptr=None, K_G: gl.constexpr = 32, V_G: gl.constexpr = 32, L2PF: gl.constexpr = 0,
-               K_FACTOR: gl.constexpr = 256.0):  # K_FACTOR: the e4m3 decode's (`_to_f16`)
+               K_FACTOR: gl.constexpr = 256.0, E5M2_HW: gl.constexpr = False):  # the FP8 decode's (`_to_f16`)
     """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot"). QK8 (int8
     K): q, q_lo are q's int8 parts, q_s its per-row step times the softmax scale, and the codes feed
     int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16 (int4:
@@ -787,11 +790,11 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     if KI4:
         s = mma_v2(q, k, gl.full([16, 64], 0.0, gl.float32, layout=MMA))
     elif QK8:
-        k = _k8_operand(kc, K_FMT, True, False, K_FACTOR)
+        k = _k8_operand(kc, K_FMT, True, False, K_FACTOR, E5M2_HW=E5M2_HW)
         si = mma_v2(q, k, gl.full([16, 64], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(q_lo, k, si).to(gl.float32)
     else:
-        s = mma_v2(q, _k8_operand(kc, K_FMT, False, False, K_FACTOR), gl.full([16, 64], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(q, _k8_operand(kc, K_FMT, False, False, K_FACTOR, E5M2_HW=E5M2_HW), gl.full([16, 64], 0.0, gl.float32, layout=MMA))
     # per-token vectors (K and V scales, masks) in the scores' column layout, built as [8 groups, 8]
     # (the group values move by register renaming, before any stride multiplies: the strides'
     # divisibility, which the load vectorization needs, survives)
@@ -833,7 +836,7 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     else:
         vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
     if not VI4:
-        v = _v8_operand(vc, V_FMT, False, V_FACTOR)
+        v = _v8_operand(vc, V_FMT, False, V_FACTOR, E5M2_HW=E5M2_HW)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
         vsc = _tile_scales(vsbuf, slot, vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED, RING)
         vmax = gl.max(vsc, axis=0)
@@ -994,7 +997,7 @@ def _frag_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
-    times_ptr=None, ALL_Q: gl.constexpr = False,
+    times_ptr=None, ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean in the fused
@@ -1095,7 +1098,7 @@ def _frag_decode_kernel(
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False,
                                        KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT, kz_ptr, vz_ptr, K_G, V_G,
-                                       K_FACTOR=K_FACTOR)
+                                       K_FACTOR=K_FACTOR, E5M2_HW=E5M2_HW)
             if times_ptr is not None:
                 if i == 0:
                     probe_stamp(t_ptr + 2, 0)
@@ -1108,7 +1111,8 @@ def _frag_decode_kernel(
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
-                                       KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF, K_FACTOR)
+                                       KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF, K_FACTOR,
+                                       E5M2_HW)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
@@ -1321,7 +1325,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                  IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
-                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0):
+                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
@@ -1341,11 +1345,11 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     nmask = gl.convert_layout(gl.reshape(ng + nw < end, [64]), T_ROWS, assert_trivial=True)
     # ---- scores S^T [64, 8] ----
     if QK8:
-        k = _k8_operand(kc, K_FMT, True, True, K_FACTOR, D)
+        k = _k8_operand(kc, K_FMT, True, True, K_FACTOR, D, E5M2_HW)
         si = mma_v2(k, q, gl.full([64, 8], 0, gl.int32, layout=MMA)) * 254
         s = mma_v2(k, q_lo, si).to(gl.float32)
     else:
-        s = mma_v2(_k8_operand(kc, K_FMT, False, True, K_FACTOR, D), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
+        s = mma_v2(_k8_operand(kc, K_FMT, False, True, K_FACTOR, D, E5M2_HW), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     if not K_STATIC:
         ks = _t_row_vec(ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED)
         if QK8:  # the softmax scale is in q_s
@@ -1366,7 +1370,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=0)
     # ---- O^T [D, 8] += V^T @ P^T (row 8 m + nl: output channel D / 8 nl + m) ----
-    v = _v8_operand(vc, V_FMT, True, V_FACTOR, D)
+    v = _v8_operand(vc, V_FMT, True, V_FACTOR, D, E5M2_HW)
     if not V_STATIC:  # the per-token V scale folds into p, normalised by the tile's largest (as in "frag")
         vsc = _t_row_vec(vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED)
         vmax = gl.max(vsc, axis=0)
@@ -1396,7 +1400,7 @@ def _fragt_decode_kernel(
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
-    ALL_Q: gl.constexpr = False,
+    ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
@@ -1507,7 +1511,7 @@ def _fragt_decode_kernel(
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0)
+                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch

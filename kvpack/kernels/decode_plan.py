@@ -182,6 +182,20 @@ def hw_fp8_decode(device: torch.device) -> bool:
         _HW_FP8[idx] = torch.cuda.get_device_capability(idx) >= (8, 9)
     return _HW_FP8[idx]
 
+# e5m2 through the conversion instruction too, where e4m3 takes it (`e5m2_hw_decode`)
+E5M2_HW_DEFAULT = False
+
+
+def e5m2_hw_decode() -> bool:
+    """Whether the Gluon decode kernels, where they decode e4m3 by the sm >= 89 conversion instruction
+    (`hw_fp8_decode`), turn e5m2 codes into fp16 by it too (one per two codes, as e4m3's) rather than by a byte
+    permute (one per two codes as well, on the integer pipe). KVPACK_E5M2_HW=0 / 1 overrides, read at plan time."""
+    env = os.environ.get("KVPACK_E5M2_HW")
+    if env not in (None, "0", "1"):
+        raise ValueError(f"KVPACK_E5M2_HW={env!r}: expected 0 or 1")
+    return E5M2_HW_DEFAULT if env is None else env == "1"
+
+
 _PDL_OK: dict[int, bool] = {}
 PDL_MODES = {"0": 0, "start": 1, "end": 2}  # KVPACK_DECODE_PDL: off, trigger as the program starts / after its loop
 

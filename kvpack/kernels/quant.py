@@ -439,6 +439,14 @@ mov.b32 {l, h}, $2;
 cvt.rn.f16x2.e4m3x2 $0, l;
 cvt.rn.f16x2.e4m3x2 $1, h;
 }""")
+# the same for e5m2 (`decode_plan.e5m2_hw_decode`): one conversion per two codes where the byte move takes one
+# permute; its exact values (e5m2 is an fp16's top byte).
+_ASM_E5M2_F16_HW = tl.constexpr("""{
+.reg .b16 l, h;
+mov.b32 {l, h}, $2;
+cvt.rn.f16x2.e5m2x2 $0, l;
+cvt.rn.f16x2.e5m2x2 $1, h;
+}""")
 
 
 @triton.jit
@@ -552,10 +560,15 @@ def fp8_decode_f16(code, FMT: tl.constexpr):
 
 
 @triton.jit
-def fp8_decode_f16_hw(code):
-    """uint8 e4m3 codes -> float16 values (not / 256), by the sm >= 89 conversion instruction (compile only
-    for such targets; exact, as `fp8_decode_f16` times 256, except that NaN codes stay NaN)."""
-    return tl.inline_asm_elementwise(_ASM_E4M3_F16_HW, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
+def fp8_decode_f16_hw(code, E5M2: tl.constexpr = False):
+    """uint8 e4m3 (E5M2: e5m2) codes -> float16 values (e4m3: not / 256), by the sm >= 89 conversion instruction
+    (compile only for such targets; exact, as `fp8_decode_f16` (e4m3: times 256), except that NaN codes may
+    decode to another NaN)."""
+    if E5M2:
+        out = tl.inline_asm_elementwise(_ASM_E5M2_F16_HW, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        out = tl.inline_asm_elementwise(_ASM_E4M3_F16_HW, "=r,=r,r", [code], dtype=tl.float16, is_pure=True, pack=4)
+    return out
 
 @triton.jit
 def fp8_f16_factor(FMT: tl.constexpr):
