@@ -704,8 +704,8 @@ def test_decode_hw_fp8_gpu(k_name, v_name, variant, splits, prefetch, monkeypatc
 
 def test_e5m2_hw_decode_setting(monkeypatch):
     """e5m2 takes the conversion instruction (the kernels' E5M2_HW) only where e4m3 does (`hw_fp8_decode`), in the
-    Gluon variants, with an e5m2 side, and as KVPACK_E5M2_HW (0 / 1) or the default says; anything else in the
-    setting is refused by name."""
+    Gluon variants, with an e5m2 side, and as KVPACK_E5M2_HW (0 / 1) or the default says ("fragt" only: at head dim
+    64 it was 5 % faster, in "frag" 0.8 % slower at 128 x 1024); anything else in the setting is refused by name."""
     import kvpack.kernels.decode_attention as da
     from kvpack.kernels import decode_plan
 
@@ -718,7 +718,7 @@ def test_e5m2_hw_decode_setting(monkeypatch):
 
     assert not hw("frag")  # a CPU device: no conversion instruction
     monkeypatch.setattr(da, "hw_fp8_decode", lambda device: True)
-    assert hw("frag") == hw("fragt") == decode_plan.E5M2_HW_DEFAULT
+    assert (hw("frag"), hw("fragt"), hw("dot")) == ("frag" in decode_plan.E5M2_HW_VARIANTS, True, False)
     for env, want in (("1", True), ("0", False)):
         monkeypatch.setenv("KVPACK_E5M2_HW", env)
         assert (hw("frag"), hw("fragt"), hw("dot"), hw("frag", (q4, lc4, meta4))) == (want, want, False, False)

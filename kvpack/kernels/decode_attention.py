@@ -970,7 +970,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         po = pml = out
     bt, qsl = metadata.block_tables, metadata.query_start_loc
     options = {"num_warps": num_warps, "num_stages": num_stages}
-    if hw_fp8 and "fp8_e5m2" in (kp.fmt.kind, vp.fmt.kind) and e5m2_hw_decode():
+    if hw_fp8 and "fp8_e5m2" in (kp.fmt.kind, vp.fmt.kind) and e5m2_hw_decode(variant):
         options["E5M2_HW"] = True
     if variant == "fragt" and int4_ring_ok(kp, vp):
         if ring4 is None:

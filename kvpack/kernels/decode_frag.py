@@ -31,6 +31,9 @@ data between lanes.
   the same output bits, gpu-marked test). sm_90 SASS of the ring's loop: 1755 -> 1242 instructions a tile.
   H200, per layer (results/attention_s22): fp8_e4m3 0.90-0.92x its time (32 x 4096 80.9 -> 73.5 us), level
   with fp8_e5m2, whose byte move is already one instruction. Ampere builds keep the software decode.
+  e5m2 (session 40, `decode_plan.e5m2_hw_decode`): in "fragt" its codes take the conversion instruction too
+  (`cvt.rn.f16x2.e5m2x2`, F2FP in place of a PRMT, the same bits): SmolLM2's 32 x 4096 21.1 -> 20.0 us per layer,
+  level with e4m3; "frag" keeps the permute (0.999-1.008x there; results/e5m2_hw_s40).
 
 - PREFETCH > 0 (session 9): the whole tiles are copied PREFETCH tiles ahead with cp.async (Ampere's
   asynchronous copy; no registers held while the bytes travel) into a ring of PREFETCH + 1 slots in

@@ -182,18 +182,21 @@ def hw_fp8_decode(device: torch.device) -> bool:
         _HW_FP8[idx] = torch.cuda.get_device_capability(idx) >= (8, 9)
     return _HW_FP8[idx]
 
-# e5m2 through the conversion instruction too, where e4m3 takes it (`e5m2_hw_decode`)
-E5M2_HW_DEFAULT = False
+# e5m2 through the conversion instruction too, where e4m3 takes it, in these variants (`e5m2_hw_decode`). H200,
+# per layer, side by side (results/e5m2_hw_s40): "fragt" at head dim 64 (SmolLM2 32 x 4096) 21.1 -> 20.0 us, level
+# with e4m3 (the same SASS but for F2FP in place of PRMT); "frag" at head dim 128 0.999-1.000x at context >= 2048 and
+# 1.008x at 128 x 1024, so it keeps the byte permute
+E5M2_HW_VARIANTS = ("fragt",)
 
 
-def e5m2_hw_decode() -> bool:
-    """Whether the Gluon decode kernels, where they decode e4m3 by the sm >= 89 conversion instruction
-    (`hw_fp8_decode`), turn e5m2 codes into fp16 by it too (one per two codes, as e4m3's) rather than by a byte
-    permute (one per two codes as well, on the integer pipe). KVPACK_E5M2_HW=0 / 1 overrides, read at plan time."""
+def e5m2_hw_decode(variant: str) -> bool:
+    """Whether a Gluon decode kernel that decodes e4m3 by the sm >= 89 conversion instruction (`hw_fp8_decode`) turns
+    e5m2 codes into fp16 by it too (one per two codes, as e4m3's) rather than by a byte permute (one per two codes
+    as well, on the integer pipe): in E5M2_HW_VARIANTS; KVPACK_E5M2_HW=0 / 1 overrides, read at plan time."""
     env = os.environ.get("KVPACK_E5M2_HW")
     if env not in (None, "0", "1"):
         raise ValueError(f"KVPACK_E5M2_HW={env!r}: expected 0 or 1")
-    return E5M2_HW_DEFAULT if env is None else env == "1"
+    return variant in E5M2_HW_VARIANTS if env is None else env == "1"
 
 
 _PDL_OK: dict[int, bool] = {}
