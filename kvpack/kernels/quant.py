@@ -432,21 +432,15 @@ and.b32 $1, u1, 0xBF80BF80;
 # sm >= 89 (decode kernels planned with factor 1 for e4m3, `decode_plan.hw_fp8_decode`): the conversion
 # instruction, two codes a 16-bit half of the input (the first in the low byte) to an fp16 pair, the value
 # itself (e4m3's range and subnormals are fp16 normals: exact), NaN codes NaN. 1 instruction per two codes
-# against the 3 integer ones of _ASM_E4M3_F16 (e5m2's byte move is already one).
-_ASM_E4M3_F16_HW = tl.constexpr("""{
-.reg .b16 l, h;
-mov.b32 {l, h}, $2;
-cvt.rn.f16x2.e4m3x2 $0, l;
-cvt.rn.f16x2.e4m3x2 $1, h;
-}""")
-# the same for e5m2 (`decode_plan.e5m2_hw_decode`): one conversion per two codes where the byte move takes one
-# permute; its exact values (e5m2 is an fp16's top byte).
-_ASM_E5M2_F16_HW = tl.constexpr("""{
-.reg .b16 l, h;
-mov.b32 {l, h}, $2;
-cvt.rn.f16x2.e5m2x2 $0, l;
-cvt.rn.f16x2.e5m2x2 $1, h;
-}""")
+# against the 3 integer ones of _ASM_E4M3_F16. e5m2 (`decode_plan.e5m2_hw_decode`): one conversion per two codes
+# where the byte move takes one permute (integer pipe); its exact values (e5m2 is an fp16's top byte).
+def _asm_fp8_f16_hw(kind: str) -> tl.constexpr:
+    return tl.constexpr("{\n.reg .b16 l, h;\nmov.b32 {l, h}, $2;\n"
+                        f"cvt.rn.f16x2.{kind}x2 $0, l;\ncvt.rn.f16x2.{kind}x2 $1, h;\n}}")
+
+
+_ASM_E4M3_F16_HW = _asm_fp8_f16_hw("e4m3")
+_ASM_E5M2_F16_HW = _asm_fp8_f16_hw("e5m2")
 
 
 @triton.jit
