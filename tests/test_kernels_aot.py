@@ -222,6 +222,15 @@ def variants():
         if name in ("int8", "fp8_e4m3"):  # with the L2 prefetch (`decode_frag._prefetch_tile`, STEP 2)
             plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="fragt", prefetch=1)
             out.append((f"decode-t8h64/{name}/D64/splits2/pf1", plan.kernel, plan.args, plan.options))
+    # int4 K and V at head dim 64 in "fragt" (session 41: `decode_frag.K4_LOAD64` / `V4_LOAD64`), groups of 16, 32
+    # and 64, one split (q @ R and out @ R in the kernel) and two (out @ R in the merge), and with the L2 prefetch
+    for g in (16, 32, 64):
+        lc = LayerKVCache(make_pool("int4", 64, 24, 2, 16, "cpu", g), make_pool("int4", 64, 24, 2, 16, "cpu", g))
+        for splits, pf in ((1, 0), (2, 0), (2, 1)):
+            plan = plan_decode(q, lc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="fragt",
+                               prefetch=pf)
+            assert plan.variant == "fragt", plan.variant
+            out.append((f"decode-t4h64/int4-g{g}/D64/splits{splits}/pf{pf}", plan.kernel, plan.args, plan.options))
     # the q / output rotation around the attention kernels (rotated formats, centered V)
     from kvpack.kernels.rotate import rotate_heads
 

@@ -281,6 +281,36 @@ def test_decode_fragt_8bit_gpu(k_name, v_name, block_size, splits, Hq, Hkv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [16, 32, 64])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits,prefetch", [(None, None), (1, 0), (1, 1), (3, 0), (3, 1)])
+@pytest.mark.parametrize("Hq,Hkv", [(9, 3), (32, 8), (8, 8)])
+def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, Hq, Hkv):
+    """int4 K and V at head dim 64 in "fragt" (session 41: a lane's 8 K bytes and 4 V bytes a token, `K4_LOAD64`,
+    `V4_LOAD64`) against the reference with "dot"'s tolerance, the plan's own choice ("auto") included: group sizes
+    16 / 32 / 64 (4, 2 or 1 a head), odd lengths, random block tables, split-K (with the rotation in the merge) and
+    one split (in the kernel's epilogue), with and without the L2 prefetch (a hint: the same bits)."""
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    lens = [1, 17, 64, 1000, 4099, 257]
+    q, lc, meta = build_case("int4", "int4", lens, Hq, Hkv, 64, block_size, device="cuda", group_size=group_size)
+    scale = 64 ** -0.5
+    ref = reference.paged_attention(q, lc, meta, scale).float()
+    outs = []
+    for variant in ("fragt", None):
+        plan = plan_decode(q, lc, meta, scale, num_splits=splits, variant=variant, prefetch=prefetch)
+        assert plan.variant == "fragt" and plan.args[plan.kernel.arg_names.index("D")] == 64
+        out = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant=variant, prefetch=prefetch)
+        err = ((out.float() - ref).abs() - RTOL * ref.abs()).max().item()
+        assert err <= ATOL, f"g{group_size} bs{block_size} splits {splits} pf{prefetch} {Hq}/{Hkv}: {err:.2e}"
+        outs.append(out)
+    if prefetch == 1:
+        plain = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=0)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], plain)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e4m3"),
                                             ("fp8_e5m2", "fp8_e5m2"), ("int8", "fp8_e4m3"), ("fp8_e5m2-static", "int8")])
 @pytest.mark.parametrize("block_size", [8, 16, 64])
@@ -345,6 +375,29 @@ def test_fragt_head64_prefetch_plan(monkeypatch):
             assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, lens[:1], asked, default)
 
 
+@pytest.mark.parametrize("batch,ctx,Hq,Hkv,splits,want", [(32, 4096, 9, 3, 22, 0), (8, 8192, 9, 3, 64, 0),
+                                                          (1, 32768, 9, 3, 128, 1), (32, 4096, 32, 8, 8, 1),
+                                                          (8, 8192, 32, 8, 32, 1)])
+def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, monkeypatch):
+    """int4 at head dim 64 ("fragt"): the L2 prefetch where the grid is thin, as 8-bit codes take it, and also where a
+    split has >= FRAGT_HEAD64_INT4_PF_TOKENS tokens (the shapes of results/int4_h64_s41/call1: SmolLM2's 32 x 4096 and
+    8 x 8192 none, 3 and 2 tiles a split on a full grid; its 1 x 32768 (thin) and Llama-3.2-1B's 32 x 4096 and 8 x 8192
+    (8 and 4 tiles) one tile); no register-cap or ring options beyond FRAGT_HEAD64_MAXNREG. CPU, planned as on an H200."""
+    import kvpack.kernels.decode_attention as da
+    import kvpack.kernels.decode_plan as dp
+
+    monkeypatch.setattr(da, "INTERPRET", False)
+    monkeypatch.setattr(da, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)
+    nb = ctx // 16
+    lc = LayerKVCache(make_pool("int4", 64, batch * nb, Hkv, 16, "cpu"), make_pool("int4", 64, batch * nb, Hkv, 16, "cpu"))
+    meta = AttentionMetadata.build([1] * batch, [ctx] * batch, [list(range(i * nb, (i + 1) * nb)) for i in range(batch)], 16)
+    plan = da.plan_decode(torch.zeros(batch, Hq, 64, dtype=torch.float16), lc, meta, 0.1)
+    assert plan.variant == "fragt" and plan.grid[2] == splits, (plan.variant, plan.grid)
+    assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want
+    assert plan.options["maxnreg"] == da.FRAGT_HEAD64_MAXNREG and "RING4" not in plan.options
+
+
 @pytest.mark.parametrize("value,ok", [("0", True), ("2", True), (" 1 ", True), ("x", False), ("-1", False), ("9", False)])
 def test_fragt_head64_prefetch_env(value, ok):
     """KVPACK_FRAGT_HEAD64_PREFETCH takes 0-4; anything else stops the import with an error that names it."""
@@ -403,12 +456,14 @@ def test_decode_fragt_head64_int8_mma_gpu(v_name, splits, monkeypatch):
     ("int8", "int8", 9, None, True, "fragt"), ("fp8_e4m3", "fp8_e5m2", 32, None, True, "fragt"),
     ("int8", "int8", 9, "fragt", False, "fragt"), ("int8", "int8", 9, None, False, "imma"),
     ("fp8_e4m3", "fp8_e4m3", 9, None, False, "dot"), ("int8", "int8", 72, None, True, "imma"),
-    ("int8", "int8", 72, "fragt", True, "imma"), ("int4", "int4", 9, "fragt", True, "dot"),
+    ("int8", "int8", 72, "fragt", True, "imma"), ("int4", "int4", 9, "fragt", True, "fragt"),
+    ("int4", "int4", 9, None, True, "fragt"), ("int4", "int4", 72, None, True, "dot"), ("int4", "int8", 9, None, True, "dot"),
     ("int8", "int8", 9, "frag", True, "imma"), ("int8", "bfloat16", 9, None, True, "imma")])
 def test_fragt_head64_scope(k_name, v_name, Hq, asked, auto_on, want, monkeypatch):
-    """Head dim 64: "fragt" takes 8-bit K and V at GQA groups <= 8, asked for or by "auto" (FRAGT_HEAD64_AUTO);
-    never int4 there, nor "frag" (its layouts are head dim 128's). Its merge is separate (the fused merge is
-    written for 128); its programs take FRAGT_HEAD64_MAXNREG registers, and int8 K goes to fp16 MMAs (K8_F16)."""
+    """Head dim 64: "fragt" takes 8-bit K and V at GQA groups <= 8, asked for or by "auto" (FRAGT_HEAD64_AUTO),
+    and int4 K and V (FRAGT_HEAD64_INT4; off: "dot"), not int4 beside another format, nor "frag" (its layouts are
+    head dim 128's). Its merge is separate (the fused merge is written for 128); its programs take
+    FRAGT_HEAD64_MAXNREG registers, and int8 K goes to fp16 MMAs (K8_F16)."""
     import kvpack.kernels.decode_attention as da
 
     monkeypatch.setattr(da, "INTERPRET", False)  # plan as on a GPU (nothing launches)
@@ -423,6 +478,10 @@ def test_fragt_head64_scope(k_name, v_name, Hq, asked, auto_on, want, monkeypatc
         assert plan.args[plan.kernel.arg_names.index("D")] == 64
         fused = da.plan_decode(q, lc, meta, 0.1, variant=asked, merge="fused", num_splits=2)
         assert fused.merge_grid is not None
+    if k_name == v_name == "int4" and want == "fragt":
+        assert "RING4" not in plan.options  # the ring's layouts are head dim 128's
+        monkeypatch.setattr(da, "FRAGT_HEAD64_INT4", False)
+        assert da.plan_decode(q, lc, meta, 0.1, variant=asked).variant == "dot"
 
 
 @pytest.mark.parametrize("batch,ctx,Hq,Hkv,want,want4", [(8, 8192, 9, 3, 64, 32), (32, 4096, 9, 3, 22, 16),

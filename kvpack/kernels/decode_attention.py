@@ -119,6 +119,9 @@ TWO_PART = os.environ.get("KVPACK_DECODE_TWO_PART", "1") != "0"
 # token's 64 code bytes), asked for or, with FRAGT_HEAD64_AUTO, by "auto" (H200, per layer, results/head64_s33: 0.64-0.99x
 # the former "imma" / "dot" time at five SmolLM2 / Llama-3.2-1B shapes); KVPACK_FRAGT_HEAD64=0: the fallback there
 FRAGT_HEAD64_AUTO = os.environ.get("KVPACK_FRAGT_HEAD64", "1") != "0"
+# ... and int4 K and V at head dim 64 (session 41: `decode_frag.K4_LOAD64` / `V4_LOAD64`, a lane's 8 K bytes and 4 V bytes
+# a token; "auto" takes "fragt" for int4 K and V at any head dim); KVPACK_FRAGT_HEAD64_INT4=0: "dot" there, as before
+FRAGT_HEAD64_INT4 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4", "1") != "0"
 # ... int8 K there as fp16 through fp16 MMAs (`decode_frag` K8_F16) rather than int8 MMAs with q in two int8 parts, under
 # a 128-register cap (0: none). Side by side (call3): int8 MMAs took 166 registers (a cap of 128 spilled: 0.99-1.16x);
 # uncapped they were 2-8 % faster at SmolLM2's 3 kv heads and 7-10 % slower at Llama-3.2-1B's 8 (fewer programs an SM);
@@ -139,6 +142,11 @@ if not (_PF_ENV.isdigit() and int(_PF_ENV) <= 4):
     raise ValueError(f"KVPACK_FRAGT_HEAD64_PREFETCH={_PF_ENV!r}: 0 (none) or 1-4 (the L2 prefetch distance in tiles)")
 FRAGT_HEAD64_PREFETCH = int(_PF_ENV)
 FRAGT_HEAD64_PREFETCH_PER_SM = 8
+# ... and int4 there also where a split has >= this many tokens. H200, per layer, side by side (session 41,
+# results/int4_h64_s41/call1): one tile ahead against none, Llama-3.2-1B (32 / 8 heads) 32 x 4096 (8 tiles a split,
+# 15.5 programs an SM) 41.3 -> 39.9 us, 8 x 8192 (4 tiles) 24.3 -> 23.5; SmolLM2 32 x 4096 (3 tiles, 16 an SM) 19.1 ->
+# 19.7, 8 x 8192 (2 tiles) 12.9 -> 13.2; its 1 x 32768 (thin) 16.4 -> 13.8
+FRAGT_HEAD64_INT4_PF_TOKENS = 256
 FLOAT_PREFETCH_PER_SM = 4  # 16-bit caches at head dim <= 64: "dot"'s L2 prefetch up to this many programs an SM
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
@@ -856,8 +864,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     # int4 in "frag": groups of >= 16 channels; not with int8 K (its int8 MMAs and int4 V spill: sm_90 SASS
     # 96 LDL / 128 STL a program, never run on a GPU)
     int4_out = int4 and (min(kp.fmt.group_size, vp.fmt.group_size) < FRAG_INT4_MIN_GROUP or kp.fmt.kind == "int8")
-    # head dim 64: "fragt" on 8-bit codes only (asked for, or "auto" with FRAGT_HEAD64_AUTO), groups <= 8
-    head64 = D == 64 and not int4 and group <= 8 and (variant == "fragt" or variant == "frag?" and FRAGT_HEAD64_AUTO)
+    # head dim 64: "fragt" on 8-bit codes (asked for, or "auto" with FRAGT_HEAD64_AUTO) and on int4 K and V (asked
+    # for or "auto", with FRAGT_HEAD64_INT4), groups <= 8
+    head64 = D == 64 and group <= 8 and (
+        not int4 and (variant == "fragt" or variant == "frag?" and FRAGT_HEAD64_AUTO)
+        or kp.fmt.kind == vp.fmt.kind == "int4" and variant == "fragt" and FRAGT_HEAD64_INT4)
     if head64:
         variant = "fragt"
     if variant in ("frag", "frag?", "fragt") and (INTERPRET or _frag_decode_kernel is None or (D != 128 and not head64)
@@ -894,11 +905,12 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 1 if ring_splits or int4 else 0
         elif block_size < 16 and not int4:  # the ring's scale copies need 4-byte alignment
             prefetch = 0
-        if variant == "fragt" and not int4:  # 8-bit codes transposed: direct loads (no ring), an L2 prefetch
-            prefetch = asked_prefetch
-            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`)
-                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)
-                prefetch = FRAGT_HEAD64_PREFETCH if head64 and thin else 0
+        if variant == "fragt" and (not int4 or head64):  # 8-bit codes transposed, and int4 at head dim 64: direct
+            prefetch = asked_prefetch  # loads (no ring), an L2 prefetch
+            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`; int4 also
+                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)  # on long splits)
+                long = int4 and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS
+                prefetch = FRAGT_HEAD64_PREFETCH if head64 and (thin or long) else 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128

@@ -153,7 +153,16 @@ data between lanes.
   1,358). `plan_decode` passes it to "fragt" (`decode_attention.ALL_Q_VARIANTS`; H200, per layer, results/merge_s36:
   int4 0.98-1.00x the time, SmolLM2 int8 0.98x, fp8_e4m3 0.95x), not to "frag" (0.99-1.03x). The same output bits.
 
-Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 (8-bit codes in "fragt" also 64), one warp,
+- int4 at head dim 64 (session 41; "fragt", "auto" for int4 K and V there: `decode_attention.FRAGT_HEAD64_INT4`): a
+  token's 32 code bytes (byte j: channels j and j + 32). K in `K4_LOAD64` (a lane reads bytes 8 t .. 8 t + 7 of each of
+  its 8 tokens: channels 8 t + b and 32 + 8 t + b; logical 16 j + 8 h + 2 t + e is channel 32 (j // 2) + 8 t + 4 (j % 2)
+  + 2 e + h), V in `V4_LOAD64` (bytes 4 nl .. 4 nl + 3 of its 16 tokens: output channel 8 m + nl is 32 (m // 4) + 4 nl
+  + m % 4, `_int4_v_channel`); head dim 128's conversions (`_ASM_INT4_DEQ_K`, `_ASM_INT4_DEQ`), direct loads, the L2
+  prefetch as 8-bit codes take it, q @ R and out @ R + V mean in the kernel (one split) or the separate merge, 128
+  registers. H200, per layer, against "dot" (results/int4_h64_s41): SmolLM2 32 x 4096 20.7 -> 19.1 us (0.70 -> 0.64x
+  bf16), 8 x 8192 13.9 -> 12.9, 1 x 32768 15.2 -> 13.8; Llama-3.2-1B 32 x 4096 45.5 -> 39.9, 8 x 8192 26.0 -> 23.5.
+
+Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 ("fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
 compiles it ahead of time (tests/test_kernels_aot.py); the gpu-marked tests compare it with the
@@ -233,17 +242,44 @@ def _dims(layout, rank: int, *keep: int):
 
 COLS8_G = gl.SliceLayout(1, COLS8)
 RC_G, RC_R, RC_B = (_dims(RING_COPY, 3, d) for d in range(3))
-K4_I = _dims(K4_LOAD, 4, 0)
-K4_NL, K4_T, K4_B = (_dims(K4_LOAD, 4, d) for d in (1, 2, 3))
-K4S_I, K4S_NL, K4S_T = (_dims(K4_S, 3, d) for d in range(3))
-V4_M = _dims(V4_LOAD, 6, 5)
-V4S_SH = _dims(V4_S, 5, 0, 1)
-V4S_T, V4S_E, V4S_NL = (_dims(V4_S, 5, d) for d in (2, 3, 4))
 # 8-bit codes at head dim 64 ("fragt", session 33): a token's 64 code bytes take int4's layouts at head dim 128 (also
 # 64 bytes a token), K in K4_LOAD [i 8, nl 8, t 4, b 16] (a lane: 16 bytes of each of its tokens), V in V4_LOAD
 # [s 4, h 2, t 4, e 2, nl 8, m 8] (a lane: bytes 8 nl .. 8 nl + 7 of its 16 tokens)
 QT8_LOAD64 = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4], warps_per_cta=[1, 1], order=[1, 0])
 QT_LOAD64 = gl.BlockedLayout(size_per_thread=[2, 8], threads_per_warp=[32, 1], warps_per_cta=[1, 1], order=[0, 1])
+
+
+# int4 at head dim 64 ("fragt", session 41): a token's 32 code bytes (byte j: channel j in the low nibble, j + 32 in
+# the high), K as [i 8, nl 8, t 4, b 8] (a lane: bytes 8 t .. 8 t + 7 of each of its 8 tokens, channels 8 t + b and
+# 32 + 8 t + b), V as [s 4, h 2, t 4, e 2, nl 8, m 4] (a lane: bytes 4 nl .. 4 nl + 3 of its 16 tokens)
+K4_LOAD64 = gl.BlockedLayout(size_per_thread=[8, 1, 1, 8], threads_per_warp=[1, 8, 4, 1],
+                             warps_per_cta=[1, 1, 1, 1], order=[3, 2, 1, 0])
+V4_LOAD64 = gl.BlockedLayout(size_per_thread=[4, 2, 1, 2, 1, 4], threads_per_warp=[1, 1, 4, 1, 8, 1],
+                             warps_per_cta=[1, 1, 1, 1, 1, 1], order=[5, 3, 1, 0, 2, 4])
+
+
+@gluon.constexpr_function
+def _k4_layout(d: int):
+    """The layout of an int4 K tile's code bytes at head dim d: [i 8, nl 8, t 4, d / 8 bytes]."""
+    return K4_LOAD64 if d == 64 else K4_LOAD
+
+
+@gluon.constexpr_function
+def _k4s_layout(d: int):
+    """`_k4_layout`'s per-lane group parameters [i, nl, t]."""
+    return gl.SliceLayout(3, _k4_layout(d))
+
+
+@gluon.constexpr_function
+def _v4_layout(d: int):
+    """The layout of an int4 V tile's code bytes at head dim d: [s 4, h 2, t 4, e 2, nl 8, d / 16 bytes]."""
+    return V4_LOAD64 if d == 64 else V4_LOAD
+
+
+@gluon.constexpr_function
+def _v4s_layout(d: int):
+    """`_v4_layout`'s per-lane group parameters [s, h, t, e, nl]."""
+    return gl.SliceLayout(5, _v4_layout(d))
 
 
 @gluon.constexpr_function
@@ -500,71 +536,81 @@ def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_c
 @gluon.jit
 def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
              BLOCK_SIZE: gl.constexpr, G: gl.constexpr, IDX64: gl.constexpr, MASKED: gl.constexpr,
-             AS_A: gl.constexpr = False):
-    """A 64-token int4 K tile at n0 as the B operand [128, 64] of q @ K^T (AS_A: the A operand [64, 128]
+             AS_A: gl.constexpr = False, D: gl.constexpr = 128):
+    """A 64-token int4 K tile at n0 as the B operand [D, 64] of q @ K^T (AS_A: the A operand [64, D]
     of K @ q^T; channels in the int4 K order of the module doc), dequantized in registers; also the
-    tile's (first token, block, offset) of each 8-token group [8] for the per-token vectors."""
-    g0 = n0 + gl.arange(0, 8, layout=K4_I) * 8
+    tile's (first token, block, offset) of each 8-token group [8] for the per-token vectors. Head dim D 128 or
+    64 ("fragt" only: a lane's 8 bytes a token, `K4_LOAD64`)."""
+    KL: gl.constexpr = _k4_layout(D)
+    KS: gl.constexpr = _k4s_layout(D)
+    BW: gl.constexpr = D // 8  # code bytes a lane reads of each of its tokens
+    g0 = n0 + gl.arange(0, 8, layout=_dims(KL, 4, 0)) * 8
     blk = _ld(bt_row + (g0.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), g0 < end, MASKED)
     if IDX64:
         blk = blk.to(gl.int64)
     goff = g0 & (BLOCK_SIZE - 1)
-    knl = gl.arange(0, 8, layout=K4_NL)[None, :, None, None]
+    knl = gl.arange(0, 8, layout=_dims(KL, 4, 1))[None, :, None, None]
     krow = (blk * k_cs0 + h * k_cs1 + goff * k_cs2)[:, None, None, None] + knl * k_cs2
-    kt = gl.arange(0, 4, layout=K4_T)[None, None, :, None]
-    kb = gl.arange(0, 16, layout=K4_B)[None, None, None, :]
-    kc = _ld(kc_ptr + krow + kt * 16 + kb, g0[:, None, None, None] + knl < end, MASKED)
-    # the lane's groups: bytes 16 t .. 16 t + 15 hold channels 16 t + b (low) and 64 + 16 t + b (high)
-    snl = gl.arange(0, 8, layout=K4S_NL)[None, :, None]
-    st = gl.arange(0, 4, layout=K4S_T)[None, None, :]
-    srow = (gl.convert_layout(blk, K4S_I, assert_trivial=True) * k_ss0 + h * k_ss1
-            + gl.convert_layout(goff, K4S_I, assert_trivial=True) * k_ss2)[:, None, None] + snl * k_ss2
-    smask = gl.convert_layout(g0, K4S_I, assert_trivial=True)[:, None, None] + snl < end
-    g_lo = st * 16 // G
-    g_hi = (st * 16 + 64) // G
+    kt = gl.arange(0, 4, layout=_dims(KL, 4, 2))[None, None, :, None]
+    kb = gl.arange(0, BW, layout=_dims(KL, 4, 3))[None, None, None, :]
+    kc = _ld(kc_ptr + krow + kt * BW + kb, g0[:, None, None, None] + knl < end, MASKED)
+    # the lane's groups: bytes BW t .. BW t + BW - 1 hold channels BW t + b (low) and D / 2 + BW t + b (high)
+    snl = gl.arange(0, 8, layout=_dims(KS, 3, 1))[None, :, None]
+    st = gl.arange(0, 4, layout=_dims(KS, 3, 2))[None, None, :]
+    KSI: gl.constexpr = _dims(KS, 3, 0)
+    srow = (gl.convert_layout(blk, KSI, assert_trivial=True) * k_ss0 + h * k_ss1
+            + gl.convert_layout(goff, KSI, assert_trivial=True) * k_ss2)[:, None, None] + snl * k_ss2
+    smask = gl.convert_layout(g0, KSI, assert_trivial=True)[:, None, None] + snl < end
+    g_lo = st * BW // G
+    g_hi = (st * BW + D // 2) // G
     s_lo = _ld(ks_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
     z_lo = _ld(kz_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
     s_hi = _ld(ks_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
     z_hi = _ld(kz_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
-    return g0, blk, goff, _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A)
+    return g0, blk, goff, _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A, D)
 
 
 @gluon.jit
-def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr):
-    """A 64-token int4 K tile's codes [i, nl, t, b] (K4_LOAD) and the lane's group parameters [i, nl, t, 1],
-    dequantized, as the B operand [128, 64] of q @ K^T (AS_A: the A operand [64, 128] of K @ q^T)."""
+def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr, D: gl.constexpr = 128):
+    """A 64-token int4 K tile's codes [i, nl, t, b] (`_k4_layout`) and the lane's group parameters [i, nl, t, 1],
+    dequantized, as the B operand [D, 64] of q @ K^T (AS_A: the A operand [64, D] of K @ q^T)."""
     lo, hi = _int4_dequant_k(kc, s_lo, z_lo, s_hi, z_hi)
-    # [i, nl, t, w, b]: value 16 w + b of the lane is channel 64 w + 16 t + 4 (b // 4) + 2 (b % 2) + (b // 2) % 2
-    # (`_ASM_INT4_DEQ_K`'s byte order 0, 2, 1, 3) = logical 16 j + 8 h + 2 t + e with 16 w + b = 4 j + 2 h + e
-    k = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 4, 3]), [8, 8, 4, 8, 2, 2])  # i nl t j h e
-    if AS_A:  # the A operand [64, 128] of K @ q^T ("fragt")
+    # [i, nl, t, w, b] (b < D / 8): value D / 8 w + b of the lane is channel D / 2 w + D / 8 t + 4 (b // 4)
+    # + 2 (b % 2) + (b // 2) % 2 (`_ASM_INT4_DEQ_K`'s byte order 0, 2, 1, 3) = logical 16 j + 8 h + 2 t + e with
+    # D / 8 w + b = 4 j + 2 h + e
+    k = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 4, 3]), [8, 8, 4, D // 16, 2, 2])  # i nl t j h e
+    if AS_A:  # the A operand [64, D] of K @ q^T ("fragt")
         k = gl.permute(k, [0, 1, 3, 4, 2, 5])  # i nl j h t e
-        k = gl.convert_layout(gl.reshape(k, [64, 128]), A_OP, assert_trivial=True)
+        k = gl.convert_layout(gl.reshape(k, [64, D]), A_OP, assert_trivial=True)
     else:
         k = gl.permute(k, [3, 4, 2, 5, 0, 1])  # j h t e i nl
-        k = gl.convert_layout(gl.reshape(k, [128, 64]), B_OP, assert_trivial=True)
+        k = gl.convert_layout(gl.reshape(k, [D, 64]), B_OP, assert_trivial=True)
     return k
 
 
 @gluon.jit
 def _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-             G: gl.constexpr, MASKED: gl.constexpr):
+             G: gl.constexpr, MASKED: gl.constexpr, D: gl.constexpr = 128):
     """The tile's int4 V codes and the lane's group parameters (`_v4_dequant` makes the MMA operand);
     g0, blk, goff: the 8-token groups' first token, block and offset [8] (any layout holding all 8 in
-    each lane)."""
-    vw = (gl.arange(0, 4, layout=V4S_T) * 2)[None, None, :, None, None] \
-        + gl.arange(0, 2, layout=V4S_E)[None, None, None, :, None]
-    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), V4S_SH, assert_trivial=True)[:, :, None, None, None] + vw < end
-    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), V4S_SH, assert_trivial=True)[:, :, None, None, None]
-    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), V4S_SH, assert_trivial=True)[:, :, None, None, None] + vw
-    vnl = gl.arange(0, 8, layout=V4S_NL)[None, None, None, None, :]
-    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2 + vnl * 8  # [s, h, t, e, nl]
-    vm = gl.arange(0, 8, layout=V4_M)[None, None, None, None, None, :]
+    each lane). Head dim D 128 or 64 ("fragt" only: a lane's 4 bytes a token, `V4_LOAD64`)."""
+    VL: gl.constexpr = _v4_layout(D)
+    VS: gl.constexpr = _v4s_layout(D)
+    BW: gl.constexpr = D // 16  # code bytes a lane reads of each of its tokens
+    vw = (gl.arange(0, 4, layout=_dims(VS, 5, 2)) * 2)[None, None, :, None, None] \
+        + gl.arange(0, 2, layout=_dims(VS, 5, 3))[None, None, None, :, None]
+    SH: gl.constexpr = _dims(VS, 5, 0, 1)
+    vmask = gl.convert_layout(gl.reshape(g0, [4, 2]), SH, assert_trivial=True)[:, :, None, None, None] + vw < end
+    vblk = gl.convert_layout(gl.reshape(blk, [4, 2]), SH, assert_trivial=True)[:, :, None, None, None]
+    voff = gl.convert_layout(gl.reshape(goff, [4, 2]), SH, assert_trivial=True)[:, :, None, None, None] + vw
+    vnl = gl.arange(0, 8, layout=_dims(VS, 5, 4))[None, None, None, None, :]
+    vrow = vblk * v_cs0 + h * v_cs1 + voff * v_cs2 + vnl * BW  # [s, h, t, e, nl]
+    vm = gl.arange(0, BW, layout=_dims(VL, 6, 5))[None, None, None, None, None, :]
     vc = _ld(vc_ptr + vrow[:, :, :, :, :, None] + vm, vmask[:, :, :, :, :, None], MASKED)
-    # the lane's groups: bytes 8 nl .. 8 nl + 7 hold channels 8 nl + m (low) and 64 + 8 nl + m (high)
+    # the lane's groups: bytes BW nl .. BW nl + BW - 1 hold channels BW nl + m (low) and D / 2 + BW nl + m (high)
     srow = vblk * v_ss0 + h * v_ss1 + voff * v_ss2
-    g_lo = vnl * 8 // G
-    g_hi = (vnl * 8 + 64) // G
+    g_lo = vnl * BW // G
+    g_hi = (vnl * BW + D // 2) // G
     s_lo = _ld(vs_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
     z_lo = _ld(vz_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
     s_hi = _ld(vs_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
@@ -584,13 +630,13 @@ def _v_operand(v, AS_A: gl.constexpr):
 
 
 @gluon.jit
-def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr = False):
-    """`_v4_load`'s codes as the B operand [64, 128] of P @ V (AS_A: the A operand [128, 64] of
+def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr = False, D: gl.constexpr = 128):
+    """`_v4_load`'s codes as the B operand [64, D] of P @ V (AS_A: the A operand [D, 64] of
     V^T @ P^T; output channels in the int4 V order of the module doc), dequantized in registers."""
     lo, hi = _int4_dequant(vc, s_lo, z_lo, s_hi, z_hi)
-    # value 8 w + m of lane nl is channel 64 w + 8 nl + m = logical 8 (8 w + m) + nl
-    v = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 3, 4, 6, 5]), [64, 8, 16])  # token, nl, 8 w + m
-    v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, 128])  # token, 8 w + m, nl
+    # value D / 16 w + m of lane nl is channel D / 2 w + D / 16 nl + m = logical 8 (D / 16 w + m) + nl
+    v = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 3, 4, 6, 5]), [64, 8, D // 8])  # token, nl, D / 16 w + m
+    v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, D])  # token, D / 16 w + m, nl
     return _v_operand(v, AS_A)
 
 
@@ -724,7 +770,9 @@ def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.conste
 def _q_phys(kk, K_FMT: gl.constexpr, D: gl.constexpr = 128):
     """The code byte (int4: the channel) that logical channel kk of q meets in the K fragments (module doc; 8-bit
     codes at head dim D 64: a lane's 16 bytes a token instead of 32)."""
-    if D == 64 and K_FMT == K_FMT_INT8:  # logical 32 j + 16 h + 4 t + e is code byte 16 t + 8 j + 4 h + e
+    if D == 64 and K_FMT == K_FMT_INT4:  # logical 16 j + 8 h + 2 t + e is channel 32 (j // 2) + 8 t + 4 (j % 2) + 2 e + h
+        p = (kk >> 5) * 32 + ((kk >> 1) & 3) * 8 + ((kk >> 4) & 1) * 4 + (kk & 1) * 2 + ((kk >> 3) & 1)
+    elif D == 64 and K_FMT == K_FMT_INT8:  # logical 32 j + 16 h + 4 t + e is code byte 16 t + 8 j + 4 h + e
         p = ((kk >> 2) & 3) * 16 + (kk >> 5) * 8 + ((kk >> 4) & 1) * 4 + (kk & 3)
     elif D == 64:  # logical 16 j + 8 h + 2 t + e is code byte 16 t + 4 j + 2 h + e
         p = ((kk >> 1) & 3) * 16 + (kk >> 4) * 4 + ((kk >> 3) & 1) * 2 + (kk & 1)
@@ -903,6 +951,13 @@ def _frag_hadamard_mma(o, NORM: gl.constexpr):
 
 
 @gluon.jit
+def _int4_v_channel(c, D: gl.constexpr):
+    """The output channel of row c of int4's V^T operand (`_v4_dequant`): D / 2 (c // (D / 2)) + D / 16 (c % 8)
+    + (c // 8) % (D / 16) (D 128: 64 (c // 64) + 8 (c % 8) + (c // 8) % 8), a permutation of c's bits."""
+    return (c // (D // 2)) * (D // 2) + (c & 7) * (D // 16) + ((c >> 3) & (D // 16 - 1))
+
+
+@gluon.jit
 def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.constexpr, GROUP: gl.constexpr,
                    VI4: gl.constexpr, ROT_HB: gl.constexpr, ROT_NORM: gl.constexpr, ROT_OUT: gl.constexpr,
                    OUT_MEAN: gl.constexpr, D: gl.constexpr = 128):
@@ -918,7 +973,7 @@ def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.
     go = gl.arange(0, ROWS, layout=gl.SliceLayout(1, OL))
     c = gl.arange(0, D, layout=gl.SliceLayout(0, OL))
     if VI4:
-        d = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
+        d = _int4_v_channel(c, D)
     else:
         d = (c & 7) * (D // 8) + (c >> 3)
     if OUT_MEAN:
@@ -1185,24 +1240,25 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 BLOCK_SIZE: gl.constexpr, K_G: gl.constexpr, V_G: gl.constexpr, IDX64: gl.constexpr,
-                MASKED: gl.constexpr, L2PF: gl.constexpr):
+                MASKED: gl.constexpr, L2PF: gl.constexpr, D: gl.constexpr = 128):
     """One 64-token int4 tile, transposed: scores S^T [64 tokens, 8 heads] = K @ q^T (q carries the softmax
-    scale), the online softmax down the token axis, O^T [128, 8] += V^T @ P^T. P^T goes from the scores'
-    accumulator layout to the B operand within the warp (`convert_layout`)."""
+    scale), the online softmax down the token axis, O^T [D, 8] += V^T @ P^T. P^T goes from the scores'
+    accumulator layout to the B operand within the warp (`convert_layout`). Head dim D 128 or 64 (session 41: a
+    token's 32 code bytes; the L2 prefetch asks once a token pair, as 8-bit codes at 64 do)."""
     g0, blk, goff, k = _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2,
-                                k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED, True)
+                                k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED, True, D)
     v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                  V_G, MASKED)
+                  V_G, MASKED, D)
     if L2PF > 0:
         _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
                        k_ss2, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                       BLOCK_SIZE, IDX64, False, False, True, True)
+                       BLOCK_SIZE, IDX64, False, False, True, True, 128 // D)
     s = mma_v2(k, q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     if MASKED:
         tok = n0 + gl.arange(0, 64, layout=T_ROWS)
         s = gl.where((tok < end)[:, None], s, -float("inf"))
     m_new, p, alpha, l_i = _t_softmax(s, m_i, l_i)
-    v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True)
+    v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True, D)
     acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
     return m_new, l_i, acc
 
@@ -1431,11 +1487,11 @@ def _fragt_decode_kernel(
     KI4: gl.constexpr = K_FMT == K_FMT_INT4
     KI8: gl.constexpr = K_FMT == K_FMT_INT8 and not K8_F16  # int8 K through int8 MMAs (K8_F16: as fp16, fp16 MMAs)
     bt_row = bt_ptr + b.to(gl.int64) * s_bt
-    if not KI4 and PREFETCH > 0:  # 8-bit codes: the first PREFETCH tiles into L2 before q's loads (`_prefetch_tile`)
-        for t in gl.static_range(PREFETCH):
-            _prefetch_tile(start + t * 64, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
-                           k_ss2, vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                           BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, True)
+    if (not KI4 or D == 64) and PREFETCH > 0:  # 8-bit codes (and int4 at head dim 64): the first PREFETCH tiles
+        for t in gl.static_range(PREFETCH):  # into L2 before q's loads (`_prefetch_tile`)
+            _prefetch_tile(start + t * 64, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
+                           k_ss2, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                           BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, KI4, KI4, 128 // D, True)
     Q_FMT: gl.constexpr = K_FMT_FP8E4M3 if K8_F16 else K_FMT  # the channel order q takes (`_q_phys`)
     if K_STATIC:
         qk_scale = qk_scale * gl.load(kst_ptr + h)
@@ -1508,7 +1564,7 @@ def _fragt_decode_kernel(
                 m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                                             kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                             vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH)
+                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, D)
             else:
                 m_i, l_i, acc = _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
@@ -1522,10 +1578,10 @@ def _fragt_decode_kernel(
     if V_STATIC:
         acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
 
-    # row 8 m + nl of acc is output channel D / 8 nl + m (int4: 64 (m // 8) + 8 nl + m % 8; the module doc)
+    # row 8 m + nl of acc is output channel D / 8 nl + m (int4: `_int4_v_channel`; the module doc)
     c = gl.arange(0, D, layout=T_ROWS)
     if KI4:
-        c_out = (c >> 6) * 64 + (c & 7) * 8 + ((c >> 3) & 7)
+        c_out = _int4_v_channel(c, D)
     else:
         c_out = (c & 7) * (D // 8) + (c >> 3)
     rg = gl.arange(0, 8, layout=T_HEADS)
