@@ -2,7 +2,7 @@
 `V4_LOAD64`), per layer (a CUDA graph of 8 decode calls, each on its own cache, L2 flushed: bench_attention's "us /
 layer"), side by side in one process, the order reversed every other round. From the repository root:
     python results/int4_h64_s41/scripts/int4_h64_ab.py
-Env: SHAPES ("name:batch:context:hq:hkv,..."), GROUPS (int4 group sizes, "32,16,64"), SETTINGS (";"-separated, each
+Env: SHAPES ("name:batch:context:hq:hkv,..."), INT4_GROUPS (int4 group sizes, "32,16,64"), SETTINGS (";"-separated, each
 "name|key=value+key=value": plan keywords variant / prefetch / maxnreg, and module attributes of decode_attention
 written A.NAME=value), ROUNDS, REP_MS. Per case and setting: us per layer, the plan's variant, splits, prefetch,
 register cap, and the largest |output - the first setting's output|; bf16's us on the same shape for the ratio."""
@@ -14,7 +14,7 @@ import kvpack.kernels.decode_attention as da
 
 shapes_env = os.environ.get("SHAPES", "smollm2-32x4096:32:4096:9:3,smollm2-8x8192:8:8192:9:3,"
                             "smollm2-1x32768:1:32768:9:3,llama1b-32x4096:32:4096:32:8,llama1b-8x8192:8:8192:32:8")
-groups = [int(g) for g in os.environ.get("GROUPS", "32").split(",")]
+groups = [int(g) for g in os.environ.get("INT4_GROUPS", "32").split(",")]
 settings = os.environ.get("SETTINGS", "dot|variant=dot;fragt|variant=fragt").split(";")
 rep = int(os.environ.get("REP_MS", "20"))
 rounds = int(os.environ.get("ROUNDS", "2"))
