@@ -285,11 +285,13 @@ def test_decode_fragt_8bit_gpu(k_name, v_name, block_size, splits, Hq, Hkv):
 @pytest.mark.parametrize("block_size", [8, 16, 64])
 @pytest.mark.parametrize("splits,prefetch", [(None, None), (1, 0), (1, 1), (3, 0), (3, 1)])
 @pytest.mark.parametrize("Hq,Hkv", [(9, 3), (32, 8), (8, 8)])
-def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, Hq, Hkv):
+def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, Hq, Hkv, monkeypatch):
     """int4 K and V at head dim 64 in "fragt" (session 41: a lane's 8 K bytes and 4 V bytes a token, `K4_LOAD64`,
     `V4_LOAD64`) against the reference with "dot"'s tolerance, the plan's own choice ("auto") included: group sizes
     16 / 32 / 64 (4, 2 or 1 a head), odd lengths, random block tables, split-K (with the rotation in the merge) and
-    one split (in the kernel's epilogue), with and without the L2 prefetch (a hint: the same bits)."""
+    one split (in the kernel's epilogue), with and without the L2 prefetch (a hint: the same bits); groups of 32 with
+    their parameters loaded as words (P_WORDS) and as 2-byte values: the same bits."""
+    import kvpack.kernels.decode_attention as da
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
     lens = [1, 17, 64, 1000, 4099, 257]
@@ -308,6 +310,14 @@ def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, 
         plain = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=0)
         torch.cuda.synchronize()
         assert torch.equal(outs[0], plain)
+    words = plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
+    assert words.options.get("P_WORDS", False) == (group_size == 32)
+    if group_size == 32:
+        monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_WORDS", False)
+        assert "P_WORDS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
+        halves = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], halves)
 
 
 @pytest.mark.gpu
@@ -375,14 +385,14 @@ def test_fragt_head64_prefetch_plan(monkeypatch):
             assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want, (D, lens[:1], asked, default)
 
 
-@pytest.mark.parametrize("batch,ctx,Hq,Hkv,splits,want", [(32, 4096, 9, 3, 22, 0), (8, 8192, 9, 3, 64, 0),
-                                                          (1, 32768, 9, 3, 128, 1), (32, 4096, 32, 8, 8, 1),
-                                                          (8, 8192, 32, 8, 32, 1)])
-def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, monkeypatch):
-    """int4 at head dim 64 ("fragt"): the L2 prefetch where the grid is thin, as 8-bit codes take it, and also where a
-    split has >= FRAGT_HEAD64_INT4_PF_TOKENS tokens (the shapes of results/int4_h64_s41/call1: SmolLM2's 32 x 4096 and
-    8 x 8192 none, 3 and 2 tiles a split on a full grid; its 1 x 32768 (thin) and Llama-3.2-1B's 32 x 4096 and 8 x 8192
-    (8 and 4 tiles) one tile); no register-cap or ring options beyond FRAGT_HEAD64_MAXNREG. CPU, planned as on an H200."""
+@pytest.mark.parametrize("batch,ctx,Hq,Hkv,splits,want,want_g64", [
+    (32, 4096, 9, 3, 22, 0, 0), (8, 8192, 9, 3, 64, 0, 0), (1, 32768, 9, 3, 128, 1, 1), (32, 4096, 32, 8, 8, 0, 1),
+    (8, 8192, 32, 8, 32, 0, 1)])
+def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, want_g64, monkeypatch):
+    """int4 at head dim 64 ("fragt"): the L2 prefetch where the grid is thin, as 8-bit codes take it (SmolLM2's
+    1 x 32768), and, where the group parameters load as 2-byte values (groups of 64 here; not P_WORDS), also where a
+    split has >= FRAGT_HEAD64_INT4_PF_TOKENS tokens (Llama-3.2-1B's 32 x 4096 and 8 x 8192: 8 and 4 tiles a split;
+    results/int4_h64_s41 call1 and call4); no ring, FRAGT_HEAD64_MAXNREG registers. CPU, planned as on an H200."""
     import kvpack.kernels.decode_attention as da
     import kvpack.kernels.decode_plan as dp
 
@@ -396,6 +406,33 @@ def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, monk
     assert plan.variant == "fragt" and plan.grid[2] == splits, (plan.variant, plan.grid)
     assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want
     assert plan.options["maxnreg"] == da.FRAGT_HEAD64_MAXNREG and "RING4" not in plan.options
+    assert plan.options["P_WORDS"]  # groups of 32: a token's parameters as words
+    lc = LayerKVCache(make_pool("int4", 64, batch * nb, Hkv, 16, "cpu", group_size=64),
+                      make_pool("int4", 64, batch * nb, Hkv, 16, "cpu", group_size=64))
+    plan = da.plan_decode(torch.zeros(batch, Hq, 64, dtype=torch.float16), lc, meta, 0.1)
+    assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want_g64 and "P_WORDS" not in plan.options
+
+
+def test_int4_words_ok():
+    """P_WORDS (int4 at head dim 64, a token's two group scales / zero-points as one 32-bit word each) only for groups
+    of 32 on both sides with every pair 4-byte aligned: not groups of 16 or 64, not head dim 128, not a scale tensor
+    whose base or token stride is odd (two-byte aligned: the kernel would fault)."""
+    import dataclasses
+
+    import kvpack.kernels.decode_attention as da
+
+    kp, vp = make_pool("int4", 64, 4, 2, 16, "cpu"), make_pool("int4", 64, 4, 2, 16, "cpu")
+    assert da.int4_words_ok(kp, vp)
+    assert not da.int4_words_ok(make_pool("int4", 64, 4, 2, 16, "cpu", group_size=64), vp)
+    assert not da.int4_words_ok(kp, make_pool("int4", 64, 4, 2, 16, "cpu", group_size=16))
+    assert not da.int4_words_ok(make_pool("int4", 128, 4, 2, 16, "cpu", group_size=64),
+                                make_pool("int4", 128, 4, 2, 16, "cpu", group_size=64))
+    assert not da.int4_words_ok(kp, make_pool("int8", 64, 4, 2, 16, "cpu"))
+    buf = torch.zeros(kp.scales.numel() + 1, dtype=torch.float16)
+    odd_base = dataclasses.replace(kp, scales=buf[1:].view(kp.scales.shape))
+    assert odd_base.scales.data_ptr() % 4 == 2 and not da.int4_words_ok(odd_base, vp)
+    wide = torch.zeros(*kp.zeros.shape[:-1], 3, dtype=torch.float16)[..., :2]  # token stride 3
+    assert not da.int4_words_ok(kp, dataclasses.replace(vp, zeros=wide))
 
 
 @pytest.mark.parametrize("value,ok", [("0", True), ("2", True), (" 1 ", True), ("x", False), ("-1", False), ("9", False)])

@@ -122,6 +122,9 @@ FRAGT_HEAD64_AUTO = os.environ.get("KVPACK_FRAGT_HEAD64", "1") != "0"
 # ... and int4 K and V at head dim 64 (session 41: `decode_frag.K4_LOAD64` / `V4_LOAD64`, a lane's 8 K bytes and 4 V bytes
 # a token; "auto" takes "fragt" for int4 K and V at any head dim); KVPACK_FRAGT_HEAD64_INT4=0: "dot" there, as before
 FRAGT_HEAD64_INT4 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4", "1") != "0"
+# ... in groups of 32 there, each token's two scales and two zero-points loaded as one 32-bit word each (`decode_frag`
+# P_WORDS, `int4_words_ok`); KVPACK_FRAGT_HEAD64_INT4_WORDS=0: one 2-byte load a group (measuring)
+FRAGT_HEAD64_INT4_WORDS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_WORDS", "1") != "0"
 # ... int8 K there as fp16 through fp16 MMAs (`decode_frag` K8_F16) rather than int8 MMAs with q in two int8 parts, under
 # a 128-register cap (0: none). Side by side (call3): int8 MMAs took 166 registers (a cap of 128 spilled: 0.99-1.16x);
 # uncapped they were 2-8 % faster at SmolLM2's 3 kv heads and 7-10 % slower at Llama-3.2-1B's 8 (fewer programs an SM);
@@ -142,10 +145,12 @@ if not (_PF_ENV.isdigit() and int(_PF_ENV) <= 4):
     raise ValueError(f"KVPACK_FRAGT_HEAD64_PREFETCH={_PF_ENV!r}: 0 (none) or 1-4 (the L2 prefetch distance in tiles)")
 FRAGT_HEAD64_PREFETCH = int(_PF_ENV)
 FRAGT_HEAD64_PREFETCH_PER_SM = 8
-# ... and int4 there also where a split has >= this many tokens. H200, per layer, side by side (session 41,
-# results/int4_h64_s41/call1): one tile ahead against none, Llama-3.2-1B (32 / 8 heads) 32 x 4096 (8 tiles a split,
-# 15.5 programs an SM) 41.3 -> 39.9 us, 8 x 8192 (4 tiles) 24.3 -> 23.5; SmolLM2 32 x 4096 (3 tiles, 16 an SM) 19.1 ->
-# 19.7, 8 x 8192 (2 tiles) 12.9 -> 13.2; its 1 x 32768 (thin) 16.4 -> 13.8
+# ... and int4 there, with its group parameters as 2-byte values (groups of 16 or 64: not P_WORDS), also where a split
+# has >= this many tokens. H200, per layer, side by side (session 41, results/int4_h64_s41): one tile ahead against
+# none, groups of 32 loaded as 2-byte values (call1): Llama-3.2-1B (32 / 8 heads) 32 x 4096 (8 tiles a split, 15.5
+# programs an SM) 41.3 -> 39.9 us, 8 x 8192 (4 tiles) 24.3 -> 23.5; SmolLM2 32 x 4096 (3 tiles, 16 an SM) 19.1 ->
+# 19.7, 8 x 8192 (2 tiles) 12.9 -> 13.2; its 1 x 32768 (thin) 16.4 -> 13.8. With P_WORDS (call4) it pays only on the
+# thin grid (1 x 32768 15.2 -> 13.2): Llama-3.2-1B 39.4 -> 40.1, 22.9 -> 23.5
 FRAGT_HEAD64_INT4_PF_TOKENS = 256
 FLOAT_PREFETCH_PER_SM = 4  # 16-bit caches at head dim <= 64: "dot"'s L2 prefetch up to this many programs an SM
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
@@ -841,6 +846,19 @@ def int4_ring_ok(kp, vp) -> bool:
     return True
 
 
+def int4_words_ok(kp, vp) -> bool:
+    """Whether "fragt" at head dim 64 can load int4 K and V's group parameters as words (P_WORDS): groups of 32 on
+    both sides (a token's two), and every token's scale / zero-point pair 4-byte aligned (even strides, an aligned
+    base, adjacent groups)."""
+    for p in (kp, vp):
+        if p.fmt.kind != "int4" or p.fmt.head_dim != 64 or p.fmt.group_size != 32:
+            return False
+        for t in (p.scales, p.zeros):
+            if t.stride(-1) != 1 or any(st % 2 for st in t.stride()[:-1]) or t.data_ptr() % 4:
+                return False
+    return True
+
+
 def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits: int | None = None,
                 block_n: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, fast_cvt: bool = True, variant: str | None = None,
@@ -907,9 +925,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 0
         if variant == "fragt" and (not int4 or head64):  # 8-bit codes transposed, and int4 at head dim 64: direct
             prefetch = asked_prefetch  # loads (no ring), an L2 prefetch
-            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`; int4 also
-                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)  # on long splits)
-                long = int4 and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS
+            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`; int4 without
+                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)  # P_WORDS also on long
+                long = (int4 and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS  # splits)
+                        and not (FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp)))
                 prefetch = FRAGT_HEAD64_PREFETCH if head64 and (thin or long) else 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
@@ -1002,6 +1021,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if variant == "fragt" and D == 64:
         if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
             options["K8_F16"] = True
+        if FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp):
+            options["P_WORDS"] = True
         if FRAGT_HEAD64_MAXNREG and not maxnreg:
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)

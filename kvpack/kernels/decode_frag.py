@@ -392,6 +392,37 @@ def _deq_k_asm() -> str:
 _ASM_INT4_DEQ_K = gl.constexpr(_deq_k_asm())
 
 
+# int4 at head dim 64 in groups of 32 (P_WORDS, session 41): a token's two groups are the low nibbles' (group 0) and the
+# high nibbles' (group 1) for every lane, and its two scales (two zero-points) are one 32-bit word ($5: scales, $9:
+# zero-points; pack 4 repeats each word in $5-$8, $9-$12), so a lane keeps one register per token and parameter kind
+# instead of two. The conversion forms the (group 0, group 0) and (group 1, group 1) pairs itself (prmt), K's high
+# scale times 1 / 16 (exact for normal fp16 values; as `_int4_dequant_k`), then runs `_ASM_INT4_DEQ` (V) or
+# `_ASM_INT4_DEQ_K` (K) with them: the same values.
+def _deq_words_asm(k: bool) -> str:
+    """`_ASM_INT4_DEQ_WORDS` (k False: V's conversion) / `_ASM_INT4_DEQ_K_WORDS` (k True)."""
+    body = [".reg .b32 sl, sh, zl, zh, y, a, k, m, t, u, a0, a1, a2, a3;", "mov.b32 k, 0x64006400;",
+            "prmt.b32 sl, $5, $5, 0x1010;", "prmt.b32 sh, $5, $5, 0x3232;",
+            "prmt.b32 zl, $9, $9, 0x1010;", "prmt.b32 zh, $9, $9, 0x3232;"]
+    if k:
+        body += ["mov.b32 m, 0x2C002C00;", "mul.rn.f16x2 sh, sh, m;", "shr.b32 y, $4, 8;"]
+        for out, src, mask, sc, z in ((0, "$4", "0x000F000F", "sl", "zl"), (1, "y", "0x000F000F", "sl", "zl"),
+                                      (2, "$4", "0x00F000F0", "sh", "zh"), (3, "y", "0x00F000F0", "sh", "zh")):
+            body += [f"lop3.b32 a, {src}, {mask}, 0x64006400, 0xEA;", "sub.f16x2 a, a, k;",
+                     f"fma.rn.f16x2 ${out}, a, {sc}, {z};"]
+    else:
+        body += ["mov.b32 m, 0x64646464;", "and.b32 t, $4, 0x0F0F0F0F;", "shr.b32 u, $4, 4;",
+                 "and.b32 u, u, 0x0F0F0F0F;"]
+        for i, (src, sel) in enumerate((("t", "0x4140"), ("t", "0x4342"), ("u", "0x4140"), ("u", "0x4342"))):
+            body += [f"prmt.b32 a{i}, {src}, m, {sel};", f"sub.f16x2 a{i}, a{i}, k;"]
+        for i, (sc, z) in enumerate((("sl", "zl"), ("sl", "zl"), ("sh", "zh"), ("sh", "zh"))):
+            body.append(f"fma.rn.f16x2 ${i}, a{i}, {sc}, {z};")
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+_ASM_INT4_DEQ_WORDS = gl.constexpr(_deq_words_asm(False))
+_ASM_INT4_DEQ_K_WORDS = gl.constexpr(_deq_words_asm(True))
+
+
 # V's token pairs (the RING4 path): two tokens' packed int4 bytes, the same 4 channel bytes each ($8: the even
 # token's register, $9: the odd's) -> for each byte, one fp16 pair (even token, odd token) of its low nibble and
 # one of its high nibble: the pairs the A operand of V^T @ P^T holds (consecutive tokens), so no halves move
@@ -490,6 +521,15 @@ def _int4_dequant(c, s_lo, z_lo, s_hi, z_hi):
 
 
 @gluon.jit
+def _int4_dequant_words(c, sw, zw, K: gl.constexpr):
+    """`_int4_dequant` (K: `_int4_dequant_k`) with each token's two group scales and zero-points as 32-bit words sw, zw
+    (P_WORDS; broadcast over c's bytes): the same (low, high nibble) float16 values."""
+    return gl.inline_asm_elementwise(_ASM_INT4_DEQ_K_WORDS if K else _ASM_INT4_DEQ_WORDS,
+                                     "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [c, sw, zw],
+                                     dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@gluon.jit
 def _int4_dequant_k(c, s_lo, z_lo, s_hi, z_hi):
     """`_int4_dequant` for K (`_ASM_INT4_DEQ_K`): the same values, each 4-byte register's in the order bytes 0, 2,
     1, 3 (low nibbles, then high). s_hi / 16 is exact while s_hi >= 2^-10 (a normal fp16 after the division);
@@ -536,11 +576,12 @@ def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_c
 @gluon.jit
 def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
              BLOCK_SIZE: gl.constexpr, G: gl.constexpr, IDX64: gl.constexpr, MASKED: gl.constexpr,
-             AS_A: gl.constexpr = False, D: gl.constexpr = 128):
+             AS_A: gl.constexpr = False, D: gl.constexpr = 128, WORDS: gl.constexpr = False):
     """A 64-token int4 K tile at n0 as the B operand [D, 64] of q @ K^T (AS_A: the A operand [64, D]
     of K @ q^T; channels in the int4 K order of the module doc), dequantized in registers; also the
     tile's (first token, block, offset) of each 8-token group [8] for the per-token vectors. Head dim D 128 or
-    64 ("fragt" only: a lane's 8 bytes a token, `K4_LOAD64`)."""
+    64 ("fragt" only: a lane's 8 bytes a token, `K4_LOAD64`; WORDS: groups of 32, each token's two scales and two
+    zero-points loaded as one 32-bit word each, `_int4_dequant_words`)."""
     KL: gl.constexpr = _k4_layout(D)
     KS: gl.constexpr = _k4s_layout(D)
     BW: gl.constexpr = D // 8  # code bytes a lane reads of each of its tokens
@@ -561,20 +602,30 @@ def _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_
     srow = (gl.convert_layout(blk, KSI, assert_trivial=True) * k_ss0 + h * k_ss1
             + gl.convert_layout(goff, KSI, assert_trivial=True) * k_ss2)[:, None, None] + snl * k_ss2
     smask = gl.convert_layout(g0, KSI, assert_trivial=True)[:, None, None] + snl < end
-    g_lo = st * BW // G
-    g_hi = (st * BW + D // 2) // G
-    s_lo = _ld(ks_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
-    z_lo = _ld(kz_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
-    s_hi = _ld(ks_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
-    z_hi = _ld(kz_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
-    return g0, blk, goff, _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A, D)
+    if WORDS:
+        sw = _ld((ks_ptr + srow).to(gl.pointer_type(gl.int32)), smask, MASKED)[:, :, :, None]
+        zw = _ld((kz_ptr + srow).to(gl.pointer_type(gl.int32)), smask, MASKED)[:, :, :, None]
+        k = _k4_operand(kc, sw, zw, sw, zw, AS_A, D, True)
+    else:
+        g_lo = st * BW // G
+        g_hi = (st * BW + D // 2) // G
+        s_lo = _ld(ks_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
+        z_lo = _ld(kz_ptr + srow + g_lo, smask, MASKED)[:, :, :, None]
+        s_hi = _ld(ks_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
+        z_hi = _ld(kz_ptr + srow + g_hi, smask, MASKED)[:, :, :, None]
+        k = _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A, D)
+    return g0, blk, goff, k
 
 
 @gluon.jit
-def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr, D: gl.constexpr = 128):
+def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr, D: gl.constexpr = 128, WORDS: gl.constexpr = False):
     """A 64-token int4 K tile's codes [i, nl, t, b] (`_k4_layout`) and the lane's group parameters [i, nl, t, 1],
-    dequantized, as the B operand [D, 64] of q @ K^T (AS_A: the A operand [64, D] of K @ q^T)."""
-    lo, hi = _int4_dequant_k(kc, s_lo, z_lo, s_hi, z_hi)
+    dequantized, as the B operand [D, 64] of q @ K^T (AS_A: the A operand [64, D] of K @ q^T). WORDS: s_lo, z_lo
+    are the tokens' scale and zero-point words (`_int4_dequant_words`; s_hi, z_hi unused)."""
+    if WORDS:
+        lo, hi = _int4_dequant_words(kc, s_lo, z_lo, True)
+    else:
+        lo, hi = _int4_dequant_k(kc, s_lo, z_lo, s_hi, z_hi)
     # [i, nl, t, w, b] (b < D / 8): value D / 8 w + b of the lane is channel D / 2 w + D / 8 t + 4 (b // 4)
     # + 2 (b % 2) + (b // 2) % 2 (`_ASM_INT4_DEQ_K`'s byte order 0, 2, 1, 3) = logical 16 j + 8 h + 2 t + e with
     # D / 8 w + b = 4 j + 2 h + e
@@ -590,10 +641,11 @@ def _k4_operand(kc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr, D: gl.constexpr 
 
 @gluon.jit
 def _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-             G: gl.constexpr, MASKED: gl.constexpr, D: gl.constexpr = 128):
+             G: gl.constexpr, MASKED: gl.constexpr, D: gl.constexpr = 128, WORDS: gl.constexpr = False):
     """The tile's int4 V codes and the lane's group parameters (`_v4_dequant` makes the MMA operand);
     g0, blk, goff: the 8-token groups' first token, block and offset [8] (any layout holding all 8 in
-    each lane). Head dim D 128 or 64 ("fragt" only: a lane's 4 bytes a token, `V4_LOAD64`)."""
+    each lane). Head dim D 128 or 64 ("fragt" only: a lane's 4 bytes a token, `V4_LOAD64`; WORDS: as `_k4_tile`'s,
+    the scale and zero-point words returned twice)."""
     VL: gl.constexpr = _v4_layout(D)
     VS: gl.constexpr = _v4s_layout(D)
     BW: gl.constexpr = D // 16  # code bytes a lane reads of each of its tokens
@@ -609,12 +661,18 @@ def _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2,
     vc = _ld(vc_ptr + vrow[:, :, :, :, :, None] + vm, vmask[:, :, :, :, :, None], MASKED)
     # the lane's groups: bytes BW nl .. BW nl + BW - 1 hold channels BW nl + m (low) and D / 2 + BW nl + m (high)
     srow = vblk * v_ss0 + h * v_ss1 + voff * v_ss2
-    g_lo = vnl * BW // G
-    g_hi = (vnl * BW + D // 2) // G
-    s_lo = _ld(vs_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
-    z_lo = _ld(vz_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
-    s_hi = _ld(vs_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
-    z_hi = _ld(vz_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
+    if WORDS:
+        s_lo = _ld((vs_ptr + srow).to(gl.pointer_type(gl.int32)), vmask, MASKED)[:, :, :, :, :, None]
+        z_lo = _ld((vz_ptr + srow).to(gl.pointer_type(gl.int32)), vmask, MASKED)[:, :, :, :, :, None]
+        s_hi = s_lo
+        z_hi = z_lo
+    else:
+        g_lo = vnl * BW // G
+        g_hi = (vnl * BW + D // 2) // G
+        s_lo = _ld(vs_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
+        z_lo = _ld(vz_ptr + srow + g_lo, vmask, MASKED)[:, :, :, :, :, None]
+        s_hi = _ld(vs_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
+        z_hi = _ld(vz_ptr + srow + g_hi, vmask, MASKED)[:, :, :, :, :, None]
     return vc, s_lo, z_lo, s_hi, z_hi
 
 
@@ -630,10 +688,14 @@ def _v_operand(v, AS_A: gl.constexpr):
 
 
 @gluon.jit
-def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr = False, D: gl.constexpr = 128):
+def _v4_dequant(vc, s_lo, z_lo, s_hi, z_hi, AS_A: gl.constexpr = False, D: gl.constexpr = 128,
+                WORDS: gl.constexpr = False):
     """`_v4_load`'s codes as the B operand [64, D] of P @ V (AS_A: the A operand [D, 64] of
     V^T @ P^T; output channels in the int4 V order of the module doc), dequantized in registers."""
-    lo, hi = _int4_dequant(vc, s_lo, z_lo, s_hi, z_hi)
+    if WORDS:
+        lo, hi = _int4_dequant_words(vc, s_lo, z_lo, False)
+    else:
+        lo, hi = _int4_dequant(vc, s_lo, z_lo, s_hi, z_hi)
     # value D / 16 w + m of lane nl is channel D / 2 w + D / 16 nl + m = logical 8 (D / 16 w + m) + nl
     v = gl.reshape(gl.permute(gl.join(lo, hi), [0, 1, 2, 3, 4, 6, 5]), [64, 8, D // 8])  # token, nl, D / 16 w + m
     v = gl.reshape(gl.permute(v, [0, 2, 1]), [64, D])  # token, D / 16 w + m, nl
@@ -1240,15 +1302,15 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 BLOCK_SIZE: gl.constexpr, K_G: gl.constexpr, V_G: gl.constexpr, IDX64: gl.constexpr,
-                MASKED: gl.constexpr, L2PF: gl.constexpr, D: gl.constexpr = 128):
+                MASKED: gl.constexpr, L2PF: gl.constexpr, D: gl.constexpr = 128, WORDS: gl.constexpr = False):
     """One 64-token int4 tile, transposed: scores S^T [64 tokens, 8 heads] = K @ q^T (q carries the softmax
     scale), the online softmax down the token axis, O^T [D, 8] += V^T @ P^T. P^T goes from the scores'
     accumulator layout to the B operand within the warp (`convert_layout`). Head dim D 128 or 64 (session 41: a
     token's 32 code bytes; the L2 prefetch asks once a token pair, as 8-bit codes at 64 do)."""
     g0, blk, goff, k = _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2,
-                                k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED, True, D)
+                                k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED, True, D, WORDS)
     v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                  V_G, MASKED, D)
+                  V_G, MASKED, D, WORDS)
     if L2PF > 0:
         _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
                        k_ss2, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -1258,7 +1320,7 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
         tok = n0 + gl.arange(0, 64, layout=T_ROWS)
         s = gl.where((tok < end)[:, None], s, -float("inf"))
     m_new, p, alpha, l_i = _t_softmax(s, m_i, l_i)
-    v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True, D)
+    v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True, D, WORDS)
     acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
     return m_new, l_i, acc
 
@@ -1459,7 +1521,7 @@ def _fragt_decode_kernel(
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
-    ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False,
+    ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False, P_WORDS: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
@@ -1564,7 +1626,7 @@ def _fragt_decode_kernel(
                 m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                                             kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                             vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, D)
+                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, D, P_WORDS)
             else:
                 m_i, l_i, acc = _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
