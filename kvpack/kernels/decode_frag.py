@@ -159,8 +159,11 @@ data between lanes.
   + 2 e + h), V in `V4_LOAD64` (bytes 4 nl .. 4 nl + 3 of its 16 tokens: output channel 8 m + nl is 32 (m // 4) + 4 nl
   + m % 4, `_int4_v_channel`); head dim 128's conversions (`_ASM_INT4_DEQ_K`, `_ASM_INT4_DEQ`), direct loads, the L2
   prefetch as 8-bit codes take it, q @ R and out @ R + V mean in the kernel (one split) or the separate merge, 128
-  registers. H200, per layer, against "dot" (results/int4_h64_s41): SmolLM2 32 x 4096 20.7 -> 19.1 us (0.70 -> 0.64x
-  bf16), 8 x 8192 13.9 -> 12.9, 1 x 32768 15.2 -> 13.8; Llama-3.2-1B 32 x 4096 45.5 -> 39.9, 8 x 8192 26.0 -> 23.5.
+  registers. In groups of 32 (P_WORDS) a token's two scales and two zero-points load as one 32-bit word each and the
+  conversion picks the halves (`_int4_dequant_words`): sm_90 SASS at SmolLM2's 32 x 4096, 142 -> 63 local loads /
+  stores under the cap (161 registers uncapped, against 220), the same bits. H200, per layer, against "dot"
+  (results/int4_h64_s41, call4): SmolLM2 32 x 4096 20.7 -> 18.6 us (0.70 -> 0.63x bf16), 8 x 8192 13.9 -> 12.6,
+  1 x 32768 15.2 -> 13.2; Llama-3.2-1B 32 x 4096 45.8 -> 39.4, 8 x 8192 25.9 -> 22.9.
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 ("fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same

@@ -328,7 +328,7 @@ def choose_variant(k_kind: str, v_kind: str, variant: str | None = None) -> str:
     and V (int8 or FP8) where `plan_decode` finds its scope and >= 1024 tokens per program (FP8 5-13 %,
     int8 4-7 % faster there; slower with fewer), else "imma" for int8 K (8-14 % faster than "dot"),
     else "dot"; int4 K and V: "fragt" (session 18, results/attention_s18: 0.84-0.99x the time of "dot"; at head dim 64
-    since session 41, results/int4_h64_s41: 0.88-0.93x).
+    since session 41, results/int4_h64_s41: 0.86-0.91x).
     The others: "dot" (tensor cores, fp16 operands), "imma" ("dot" with the scores from an
     int8 MMA: int8 K only, else "dot"), "frag" (codes loaded in the MMA fragment layout,
     `decode_frag`, int8 K through int8 MMAs; 8-bit codes on both sides, else the fallback), "fragt"
