@@ -312,7 +312,12 @@ def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, 
         assert torch.equal(outs[0], plain)
     words = plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
     assert words.options.get("P_WORDS", False) == (group_size == 32)
-    if group_size == 32:
+    if group_size == 32:  # (these thin grids run uncapped: FRAGT_HEAD64_INT4_UNCAPPED_PER_SM) and under the cap
+        assert "maxnreg" not in words.options
+        capped = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch,
+                                        maxnreg=128)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], capped)
         monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_WORDS", False)
         assert "P_WORDS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
         halves = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
@@ -392,7 +397,8 @@ def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, want
     """int4 at head dim 64 ("fragt"): the L2 prefetch where the grid is thin, as 8-bit codes take it (SmolLM2's
     1 x 32768), and, where the group parameters load as 2-byte values (groups of 64 here; not P_WORDS), also where a
     split has >= FRAGT_HEAD64_INT4_PF_TOKENS tokens (Llama-3.2-1B's 32 x 4096 and 8 x 8192: 8 and 4 tiles a split;
-    results/int4_h64_s41 call1 and call4); no ring, FRAGT_HEAD64_MAXNREG registers. CPU, planned as on an H200."""
+    results/int4_h64_s41 call1 and call4); no ring; FRAGT_HEAD64_MAXNREG registers, none with P_WORDS on grids of
+    <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM programs an SM (call6). CPU, planned as on an H200."""
     import kvpack.kernels.decode_attention as da
     import kvpack.kernels.decode_plan as dp
 
@@ -405,8 +411,10 @@ def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, want
     plan = da.plan_decode(torch.zeros(batch, Hq, 64, dtype=torch.float16), lc, meta, 0.1)
     assert plan.variant == "fragt" and plan.grid[2] == splits, (plan.variant, plan.grid)
     assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == want
-    assert plan.options["maxnreg"] == da.FRAGT_HEAD64_MAXNREG and "RING4" not in plan.options
-    assert plan.options["P_WORDS"]  # groups of 32: a token's parameters as words
+    assert "RING4" not in plan.options
+    assert plan.options["P_WORDS"]  # groups of 32: a token's parameters as words, uncapped on grids of <= 6 an SM
+    thin = batch * Hkv * splits <= 6 * 132
+    assert plan.options.get("maxnreg") == (None if thin else da.FRAGT_HEAD64_MAXNREG), (plan.options, thin)
     lc = LayerKVCache(make_pool("int4", 64, batch * nb, Hkv, 16, "cpu", group_size=64),
                       make_pool("int4", 64, batch * nb, Hkv, 16, "cpu", group_size=64))
     plan = da.plan_decode(torch.zeros(batch, Hq, 64, dtype=torch.float16), lc, meta, 0.1)

@@ -125,6 +125,11 @@ FRAGT_HEAD64_INT4 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4", "1") != "0"
 # ... in groups of 32 there, each token's two scales and two zero-points loaded as one 32-bit word each (`decode_frag`
 # P_WORDS, `int4_words_ok`); KVPACK_FRAGT_HEAD64_INT4_WORDS=0: one 2-byte load a group (measuring)
 FRAGT_HEAD64_INT4_WORDS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_WORDS", "1") != "0"
+# ... and without FRAGT_HEAD64_MAXNREG's cap (161 registers, no spills, against 63 spilled words a program at 128) where
+# its grid has at most this many programs a multiprocessor. H200, per layer, side by side (results/int4_h64_s41/call6):
+# SmolLM2 1 x 8192 / 1 x 32768 / 2 x 16384 / 4 x 8192 (1.5-5.8 programs an SM) 0.94-0.97x the capped time, Llama-3.2-1B
+# 1 x 8192 (3.9) 1.008x; at 7.8 (Llama-3.2-1B 1 x 32768, 4 x 4096) 1.007x and 1.05x, so those keep the cap
+FRAGT_HEAD64_INT4_UNCAPPED_PER_SM = 6
 # ... int8 K there as fp16 through fp16 MMAs (`decode_frag` K8_F16) rather than int8 MMAs with q in two int8 parts, under
 # a 128-register cap (0: none). Side by side (call3): int8 MMAs took 166 registers (a cap of 128 spilled: 0.99-1.16x);
 # uncapped they were 2-8 % faster at SmolLM2's 3 kv heads and 7-10 % slower at Llama-3.2-1B's 8 (fewer programs an SM);
@@ -1021,9 +1026,11 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if variant == "fragt" and D == 64:
         if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
             options["K8_F16"] = True
-        if FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp):
+        words = FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp)
+        if words:
             options["P_WORDS"] = True
-        if FRAGT_HEAD64_MAXNREG and not maxnreg:
+        thin = B * Hkv * num_splits <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM * _sm_count(dev)
+        if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
         options["maxnreg"] = maxnreg
