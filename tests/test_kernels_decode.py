@@ -312,12 +312,16 @@ def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, 
         assert torch.equal(outs[0], plain)
     words = plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
     assert words.options.get("P_WORDS", False) == (group_size == 32)
-    if group_size == 32:  # (these thin grids run uncapped: FRAGT_HEAD64_INT4_UNCAPPED_PER_SM) and under the cap
-        assert "maxnreg" not in words.options
-        capped = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch,
-                                        maxnreg=128)
-        torch.cuda.synchronize()
-        assert torch.equal(outs[0], capped)
+    if group_size == 32:  # uncapped on grids of <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM programs an SM, else capped
+        from kvpack.kernels.decode_plan import _sm_count
+
+        thin = words.grid[0] * words.grid[1] * words.grid[2] <= da.FRAGT_HEAD64_INT4_UNCAPPED_PER_SM * _sm_count(q.device)
+        assert words.options.get("maxnreg") == (None if thin else da.FRAGT_HEAD64_MAXNREG), (words.grid, words.options)
+        for cap in (128, 255):  # under the cap (spilling) and not: the same bits
+            other = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch,
+                                           maxnreg=cap)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[0], other), cap
         monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_WORDS", False)
         assert "P_WORDS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
         halves = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
