@@ -163,7 +163,9 @@ data between lanes.
   conversion picks the halves (`_int4_dequant_words`): sm_90 SASS at SmolLM2's 32 x 4096, 142 -> 63 local loads /
   stores under the cap (161 registers uncapped, against 220), the same bits. H200, per layer, against "dot"
   (results/int4_h64_s41, call4): SmolLM2 32 x 4096 20.7 -> 18.6 us (0.70 -> 0.63x bf16), 8 x 8192 13.9 -> 12.6,
-  1 x 32768 15.2 -> 13.2; Llama-3.2-1B 32 x 4096 45.8 -> 39.4, 8 x 8192 25.9 -> 22.9.
+  1 x 32768 15.2 -> 13.2; Llama-3.2-1B 32 x 4096 45.8 -> 39.4, 8 x 8192 25.9 -> 22.9. On grids of <= 6 programs an
+  SM it runs without the cap (`decode_attention.FRAGT_HEAD64_INT4_UNCAPPED_PER_SM`; call6: 0.94-0.97x at SmolLM2's
+  thin shapes).
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 ("fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
