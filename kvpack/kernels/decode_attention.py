@@ -894,6 +894,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         or kp.fmt.kind == vp.fmt.kind == "int4" and variant == "fragt" and FRAGT_HEAD64_INT4)
     if head64:
         variant = "fragt"
+    # int4 there in groups of 32: a token's group parameters as words (P_WORDS)
+    words = head64 and int4 and FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp)
     if variant in ("frag", "frag?", "fragt") and (INTERPRET or _frag_decode_kernel is None or (D != 128 and not head64)
                                                     or group > (8 if variant == "fragt" else 16)
                                                     or block_size < 8 or int4_out):
@@ -930,10 +932,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             prefetch = 0
         if variant == "fragt" and (not int4 or head64):  # 8-bit codes transposed, and int4 at head dim 64: direct
             prefetch = asked_prefetch  # loads (no ring), an L2 prefetch
-            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`; int4 without
-                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)  # P_WORDS also on long
-                long = (int4 and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS  # splits)
-                        and not (FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp)))
+            if prefetch is None:  # head dim 64: where the grid is thin (`FRAGT_HEAD64_PREFETCH_PER_SM`), and int4
+                # without P_WORDS also on long splits (`FRAGT_HEAD64_INT4_PF_TOKENS`)
+                thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)
+                long = int4 and not words and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS
                 prefetch = FRAGT_HEAD64_PREFETCH if head64 and (thin or long) else 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
@@ -1026,7 +1028,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if variant == "fragt" and D == 64:
         if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
             options["K8_F16"] = True
-        words = FRAGT_HEAD64_INT4_WORDS and int4_words_ok(kp, vp)
         if words:
             options["P_WORDS"] = True
         thin = B * Hkv * num_splits <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM * _sm_count(dev)
