@@ -290,7 +290,8 @@ def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, 
     `V4_LOAD64`) against the reference with "dot"'s tolerance, the plan's own choice ("auto") included: group sizes
     16 / 32 / 64 (4, 2 or 1 a head), odd lengths, random block tables, split-K (with the rotation in the merge) and
     one split (in the kernel's epilogue), with and without the L2 prefetch (a hint: the same bits); groups of 32 with
-    their parameters loaded as words (P_WORDS) and as 2-byte values: the same bits."""
+    their parameters loaded as words (P_WORDS) and as 2-byte values, V converted by token pairs (V_PAIRS) and by channel
+    pairs: the same bits."""
     import kvpack.kernels.decode_attention as da
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
@@ -322,6 +323,12 @@ def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, 
                                            maxnreg=cap)
             torch.cuda.synchronize()
             assert torch.equal(outs[0], other), cap
+        assert words.options.get("V_PAIRS") is True  # V converted by token pairs (session 42)
+        monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_VPAIRS", False)
+        assert "V_PAIRS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
+        chan = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], chan)  # by channel pairs: the same bits (every V scale here is >= 2^-10)
         monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_WORDS", False)
         assert "P_WORDS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
         halves = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)

@@ -125,6 +125,11 @@ FRAGT_HEAD64_INT4 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4", "1") != "0"
 # ... in groups of 32 there, each token's two scales and two zero-points loaded as one 32-bit word each (`decode_frag`
 # P_WORDS, `int4_words_ok`); KVPACK_FRAGT_HEAD64_INT4_WORDS=0: one 2-byte load a group (measuring)
 FRAGT_HEAD64_INT4_WORDS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_WORDS", "1") != "0"
+# ... with V converted by token pairs (session 42, `decode_frag._v4_dequant_pairs64`); KVPACK_FRAGT_HEAD64_INT4_VPAIRS=0:
+# by channel pairs, then swapped into the MMA operand's token pairs (measuring)
+FRAGT_HEAD64_INT4_VPAIRS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_VPAIRS", "1") != "0"
+# ... and each tile's own V rows asked into L2 as its K loads go out (measuring; KVPACK_FRAGT_HEAD64_INT4_VPF0=1)
+FRAGT_HEAD64_INT4_VPF0 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_VPF0", "0") == "1"
 # ... and without FRAGT_HEAD64_MAXNREG's cap (161 registers, no spills, against 63 spilled words a program at 128) where
 # its grid has at most this many programs a multiprocessor. H200, per layer, side by side (results/int4_h64_s41/call6):
 # SmolLM2 1 x 8192 / 1 x 32768 / 2 x 16384 / 4 x 8192 (1.5-5.8 programs an SM) 0.94-0.97x the capped time, Llama-3.2-1B
@@ -1030,6 +1035,10 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             options["K8_F16"] = True
         if words:
             options["P_WORDS"] = True
+            if FRAGT_HEAD64_INT4_VPAIRS:
+                options["V_PAIRS"] = True
+        if int4 and FRAGT_HEAD64_INT4_VPF0:
+            options["V_PF0"] = True
         thin = B * Hkv * num_splits <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM * _sm_count(dev)
         if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG

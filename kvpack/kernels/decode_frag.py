@@ -345,6 +345,10 @@ VP_C = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 8], threads_per_warp=[1, 1,
                         order=[4, 1, 0, 2, 3])
 # groups of 32 load [i, nl, hi, t1] (K) / [s, h, t, e, hi, nl2] (V); of 64 (the same group for every lane)
 # [i, nl, hi] / [s, h, t, e, hi]; of 128 (one group: hi 0 and 1 the same) [i, nl] / [s, h, t, e]
+# int4 V at head dim 64 by token pairs (P_WORDS, session 42): V4_LOAD64's codes of one token parity [s, h, t, nl, m 4]
+# (m, h, s in registers, m fastest; lane 4 nl + t), and a token parity's parameter words [s, h, t, nl] (VP_E's slice)
+VP_C64 = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 4], threads_per_warp=[1, 1, 4, 8, 1],
+                          warps_per_cta=[1, 1, 1, 1, 1], order=[4, 1, 0, 2, 3])
 K4P_4 = gl.SliceLayout(4, K4P)
 K4P_3 = gl.SliceLayout(3, K4P_4)
 K4P_2 = gl.SliceLayout(2, K4P_3)
@@ -495,6 +499,60 @@ def _v4_dequant_pairs(vc, s_lo, z_lo, s_hi, z_hi):
     return _v_operand(gl.reshape(v, [64, 128]), True)
 
 
+# V's token pairs at head dim 64 in groups of 32 (P_WORDS, session 42): `_ASM_INT4_DEQ_PAIRS` with each token's two
+# group scales (zero-points) as one word ($10: the even token's scale word, $14: the odd's; $18, $22: the zero-point
+# words; each operand packs 4 copies). The (even, odd) pairs of the low groups' and of the high groups' parameters come
+# from two prmt each, the high scales times 1 / 16 (exact for normal fp16 values, as `_int4_dequant_k`); then the same
+# seven instructions a byte. Outputs as `_ASM_INT4_DEQ_PAIRS`'s.
+def _deq_pairs_words_asm() -> str:
+    """`_ASM_INT4_DEQ_PAIRS_WORDS`'s text."""
+    body = [".reg .b32 x, a, k, m, sl, sh, zl, zh;", "mov.b32 k, 0x64006400;", "mov.b32 m, 0x2C002C00;",
+            "prmt.b32 sl, $10, $14, 0x5410;", "prmt.b32 sh, $10, $14, 0x7632;", "mul.rn.f16x2 sh, sh, m;",
+            "prmt.b32 zl, $18, $22, 0x5410;", "prmt.b32 zh, $18, $22, 0x7632;"]
+    for b in range(4):
+        body.append(f"prmt.b32 x, $8, $9, 0x0{4 + b}0{b};")  # byte b of the even and of the odd token
+        for mask, out, sc, z in (("0x000F000F", b, "sl", "zl"), ("0x00F000F0", 4 + b, "sh", "zh")):
+            body += [f"lop3.b32 a, x, {mask}, 0x64006400, 0xEA;", "sub.f16x2 a, a, k;",
+                     f"fma.rn.f16x2 ${out}, a, {sc}, {z};"]
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+_ASM_INT4_DEQ_PAIRS_WORDS = gl.constexpr(_deq_pairs_words_asm())
+
+
+@gluon.jit
+def _word_pairs(w, like):
+    """A token's parameter words [s, h, t, e, 1, 1] (`_v4_load`'s with WORDS at D 64: every lane of a token the same)
+    -> the even and the odd token's, broadcast to `like` [s, h, t, nl, m] (VP_C64)."""
+    x = gl.permute(gl.reshape(w, [4, 2, 4, 2, 1]), [0, 1, 2, 4, 3])  # [s, h, t, 1, e]
+    wa, wb = gl.split(gl.convert_layout(x, VP_E))  # [s, h, t, 1]: the even and the odd token's
+    wa = gl.expand_dims(gl.convert_layout(wa, gl.SliceLayout(4, VP_C64)), 4)
+    wb = gl.expand_dims(gl.convert_layout(wb, gl.SliceLayout(4, VP_C64)), 4)
+    return gl.broadcast(wa, like)[0], gl.broadcast(wb, like)[0]
+
+
+@gluon.jit
+def _v4_dequant_pairs64(vc, sw, zw):
+    """`_v4_dequant` (AS_A, D 64, WORDS) converting token pairs (`_ASM_INT4_DEQ_PAIRS_WORDS`): vc [s, h, t, e, nl, m 4]
+    (V4_LOAD64), the parameter words [s, h, t, e, nl, 1]; the same values (while every V group scale is >= 2^-10), as
+    the A operand [64, 64] of V^T @ P^T, each register a channel's (even token, odd token) pair as the MMA takes it."""
+    ca, cb = gl.split(gl.permute(vc, [0, 1, 2, 4, 5, 3]))  # [s, h, t, nl, m]: the even and the odd token
+    ca = gl.convert_layout(ca, VP_C64, assert_trivial=True)
+    cb = gl.convert_layout(cb, VP_C64, assert_trivial=True)
+    swa, swb = _word_pairs(sw, ca)
+    zwa, zwb = _word_pairs(zw, ca)
+    o = gl.inline_asm_elementwise(_ASM_INT4_DEQ_PAIRS_WORDS, _ASM_INT4_DEQ_PAIRS_CONSTRAINTS,
+                                  [ca, cb, swa, swb, zwa, zwb],
+                                  dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=4)
+    # o[0]: elements m = 2 c + e: byte c's low nibble, token e; o[1]: bytes 2 + c; o[2], o[3]: the high nibbles
+    lo = gl.join(gl.reshape(o[0], [4, 2, 4, 8, 2, 2]), gl.reshape(o[1], [4, 2, 4, 8, 2, 2]))  # s h t nl c e q
+    hi = gl.join(gl.reshape(o[2], [4, 2, 4, 8, 2, 2]), gl.reshape(o[3], [4, 2, 4, 8, 2, 2]))
+    v = gl.join(lo, hi)  # [s, h, t, nl, c, e, q, W]: byte 2 q + c, nibble W, token 16 s + 8 h + 2 t + e
+    v = gl.permute(v, [0, 1, 2, 5, 7, 6, 4, 3])  # s h t e W q c nl
+    # token 16 s + 8 h + 2 t + e; column (4 W + m) * 8 + nl with m = 2 q + c: `_v4_dequant`'s order at D 64
+    return _v_operand(gl.reshape(v, [64, 64]), True)
+
+
 @gluon.jit
 def _pdl_trigger():
     """`griddepcontrol.launch_dependents` (sm_90+): the separate merge may launch (`decode_plan.pdl_mode`)."""
@@ -548,7 +606,8 @@ def _int4_dequant_k(c, s_lo, z_lo, s_hi, z_hi):
 def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                    vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                    BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, K_STATIC: gl.constexpr, V_STATIC: gl.constexpr,
-                   KI4: gl.constexpr, VI4: gl.constexpr, STEP: gl.constexpr = 1, MASK_END: gl.constexpr = False):
+                   KI4: gl.constexpr, VI4: gl.constexpr, STEP: gl.constexpr = 1, MASK_END: gl.constexpr = False,
+                   K_TOO: gl.constexpr = True):
     """L2 prefetch (`prefetch.global.L2`: no registers, no wait) of the 64-token tile at n0 (tokens
     clamped to end - 1): each token's code row, and its scale (and int4 zero-point) row. STEP 2: every other
     token only (8-bit codes at head dim 64: rows of 64 bytes, so tokens 2 i and 2 i + 1 share a 128-byte line where
@@ -566,9 +625,10 @@ def _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_c
     if IDX64:
         blk = blk.to(gl.int64)
     off = tok & (BLOCK_SIZE - 1)
-    prefetch_l2(kc_ptr + blk * k_cs0 + h * k_cs1 + off * k_cs2)
+    if K_TOO:
+        prefetch_l2(kc_ptr + blk * k_cs0 + h * k_cs1 + off * k_cs2)
     prefetch_l2(vc_ptr + blk * v_cs0 + h * v_cs1 + off * v_cs2)
-    if not K_STATIC:
+    if not K_STATIC and K_TOO:
         prefetch_l2(ks_ptr + blk * k_ss0 + h * k_ss1 + off * k_ss2)
         if KI4:
             prefetch_l2(kz_ptr + blk * k_ss0 + h * k_ss1 + off * k_ss2)
@@ -1307,13 +1367,18 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                 kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                 vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                 BLOCK_SIZE: gl.constexpr, K_G: gl.constexpr, V_G: gl.constexpr, IDX64: gl.constexpr,
-                MASKED: gl.constexpr, L2PF: gl.constexpr, D: gl.constexpr = 128, WORDS: gl.constexpr = False):
+                MASKED: gl.constexpr, L2PF: gl.constexpr, D: gl.constexpr = 128, WORDS: gl.constexpr = False,
+                V_PAIRS: gl.constexpr = False, V_PF0: gl.constexpr = False):
     """One 64-token int4 tile, transposed: scores S^T [64 tokens, 8 heads] = K @ q^T (q carries the softmax
     scale), the online softmax down the token axis, O^T [D, 8] += V^T @ P^T. P^T goes from the scores'
     accumulator layout to the B operand within the warp (`convert_layout`). Head dim D 128 or 64 (session 41: a
     token's 32 code bytes; the L2 prefetch asks once a token pair, as 8-bit codes at 64 do)."""
     g0, blk, goff, k = _k4_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2,
                                 k_ss0, k_ss1, k_ss2, BLOCK_SIZE, K_G, IDX64, MASKED, True, D, WORDS)
+    if V_PF0:  # the tile's own V rows into L2 as its K loads go out (ptxas issues V's loads after the scores)
+        _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                       vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                       BLOCK_SIZE, IDX64, False, False, True, True, 128 // D, False, False)
     v4 = _v4_load(g0, blk, goff, end, h, vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                   V_G, MASKED, D, WORDS)
     if L2PF > 0:
@@ -1325,7 +1390,10 @@ def _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
         tok = n0 + gl.arange(0, 64, layout=T_ROWS)
         s = gl.where((tok < end)[:, None], s, -float("inf"))
     m_new, p, alpha, l_i = _t_softmax(s, m_i, l_i)
-    v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True, D, WORDS)
+    if V_PAIRS:  # head dim 64, P_WORDS: V by token pairs
+        v = _v4_dequant_pairs64(v4[0], v4[1], v4[2])
+    else:
+        v = _v4_dequant(v4[0], v4[1], v4[2], v4[3], v4[4], True, D, WORDS)
     acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
     return m_new, l_i, acc
 
@@ -1527,6 +1595,7 @@ def _fragt_decode_kernel(
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
     ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False, P_WORDS: gl.constexpr = False,
+    V_PAIRS: gl.constexpr = False, V_PF0: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
@@ -1631,7 +1700,8 @@ def _fragt_decode_kernel(
                 m_i, l_i, acc = _fragt_tile(n0, end, h, bt_row, q, m_i, l_i, acc,
                                             kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                             vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, D, P_WORDS)
+                                            BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, D, P_WORDS,
+                                            V_PAIRS and P_WORDS and D == 64, V_PF0 and D == 64)
             else:
                 m_i, l_i, acc = _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
