@@ -323,12 +323,21 @@ def test_decode_fragt_int4_head64_gpu(group_size, block_size, splits, prefetch, 
                                            maxnreg=cap)
             torch.cuda.synchronize()
             assert torch.equal(outs[0], other), cap
-        assert words.options.get("V_PAIRS") is True  # V converted by token pairs (session 42)
+        # V by token pairs where capped (session 42), and each tile's V into L2 where no next tile is; forced both
+        # ways here: the same bits (every V scale here is >= 2^-10)
+        assert words.options.get("V_PAIRS", False) == (not thin)
+        assert words.options.get("V_PF0", False) == (words.args[words.kernel.arg_names.index("PREFETCH")] == 0)
+        for pairs, vpf0 in ((True, True), (False, False), (True, False)):
+            monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_UNCAPPED_PER_SM", 0 if pairs else 10 ** 6)
+            monkeypatch.setattr(da, "FRAGT_HEAD64_VPF0", vpf0)
+            other = plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
+            assert other.options.get("V_PAIRS", False) == pairs and other.options.get("V_PF0", False) == vpf0
+            other = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch,
+                                           maxnreg=128)
+            torch.cuda.synchronize()
+            assert torch.equal(outs[0], other), (pairs, vpf0)
         monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_VPAIRS", False)
         assert "V_PAIRS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
-        chan = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
-        torch.cuda.synchronize()
-        assert torch.equal(outs[0], chan)  # by channel pairs: the same bits (every V scale here is >= 2^-10)
         monkeypatch.setattr(da, "FRAGT_HEAD64_INT4_WORDS", False)
         assert "P_WORDS" not in plan_decode(q, lc, meta, scale, num_splits=splits, variant="fragt").options
         halves = decode_paged_attention(q, lc, meta, scale, num_splits=splits, variant="fragt", prefetch=prefetch)
@@ -426,6 +435,8 @@ def test_fragt_int4_head64_prefetch_plan(batch, ctx, Hq, Hkv, splits, want, want
     assert plan.options["P_WORDS"]  # groups of 32: a token's parameters as words, uncapped on grids of <= 6 an SM
     thin = batch * Hkv * splits <= 6 * 132
     assert plan.options.get("maxnreg") == (None if thin else da.FRAGT_HEAD64_MAXNREG), (plan.options, thin)
+    # session 42 (results/int4_vpairs_s42): V by token pairs where capped, each tile's V into L2 where no next tile is
+    assert plan.options.get("V_PAIRS", False) == (not thin) and plan.options.get("V_PF0", False) == (not want)
     lc = LayerKVCache(make_pool("int4", 64, batch * nb, Hkv, 16, "cpu", group_size=64),
                       make_pool("int4", 64, batch * nb, Hkv, 16, "cpu", group_size=64))
     plan = da.plan_decode(torch.zeros(batch, Hq, 64, dtype=torch.float16), lc, meta, 0.1)

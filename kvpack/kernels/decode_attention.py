@@ -128,8 +128,13 @@ FRAGT_HEAD64_INT4_WORDS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_WORDS", "1") 
 # ... with V converted by token pairs (session 42, `decode_frag._v4_dequant_pairs64`); KVPACK_FRAGT_HEAD64_INT4_VPAIRS=0:
 # by channel pairs, then swapped into the MMA operand's token pairs (measuring)
 FRAGT_HEAD64_INT4_VPAIRS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_VPAIRS", "1") != "0"
-# ... and each tile's own V rows asked into L2 as its K loads go out (measuring; KVPACK_FRAGT_HEAD64_INT4_VPF0=1)
-FRAGT_HEAD64_INT4_VPF0 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_VPF0", "0") == "1"
+# ... and each tile's own V rows asked into L2 as its K loads go out (V_PF0: ptxas issues V's loads after the scores'
+# MMAs), by default where int4 takes P_WORDS and no L2 prefetch of the next tile; KVPACK_FRAGT_HEAD64_VPF0=0 / 1: never /
+# also for 8-bit codes and other int4 groups (measuring)
+_VPF0_ENV = os.environ.get("KVPACK_FRAGT_HEAD64_VPF0", "auto").strip()
+if _VPF0_ENV not in ("auto", "0", "1"):
+    raise ValueError(f"KVPACK_FRAGT_HEAD64_VPF0={_VPF0_ENV!r}: auto, 0 or 1")
+FRAGT_HEAD64_VPF0 = None if _VPF0_ENV == "auto" else _VPF0_ENV == "1"
 # ... and without FRAGT_HEAD64_MAXNREG's cap (161 registers, no spills, against 63 spilled words a program at 128) where
 # its grid has at most this many programs a multiprocessor. H200, per layer, side by side (results/int4_h64_s41/call6):
 # SmolLM2 1 x 8192 / 1 x 32768 / 2 x 16384 / 4 x 8192 (1.5-5.8 programs an SM) 0.94-0.97x the capped time, Llama-3.2-1B
@@ -1033,13 +1038,13 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
     if variant == "fragt" and D == 64:
         if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
             options["K8_F16"] = True
+        thin = B * Hkv * num_splits <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM * _sm_count(dev)
         if words:
             options["P_WORDS"] = True
-            if FRAGT_HEAD64_INT4_VPAIRS:
+            if FRAGT_HEAD64_INT4_VPAIRS and not thin:
                 options["V_PAIRS"] = True
-        if int4 and FRAGT_HEAD64_INT4_VPF0:
+        if FRAGT_HEAD64_VPF0 if FRAGT_HEAD64_VPF0 is not None else words and not prefetch:
             options["V_PF0"] = True
-        thin = B * Hkv * num_splits <= FRAGT_HEAD64_INT4_UNCAPPED_PER_SM * _sm_count(dev)
         if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)

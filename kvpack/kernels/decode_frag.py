@@ -1519,7 +1519,8 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                  IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
-                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False):
+                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False,
+                 V_PF0: gl.constexpr = False):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
@@ -1530,6 +1531,10 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                        vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                        BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, True)
     g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED, D)
+    if V_PF0:  # the tile's own V rows into L2 as its K loads go out (ptxas issues V's loads after the scores)
+        _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
+                       vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
+                       BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, False, False)
     vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
@@ -1707,7 +1712,8 @@ def _fragt_decode_kernel(
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW)
+                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW,
+                                             V_PF0 and D == 64)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch

@@ -2,7 +2,8 @@
 side by side, per layer (a CUDA graph of 8 decode calls, each on its own cache, L2 flushed: bench_attention's "us /
 layer"), side by side in one process, the order reversed every other round. From the repository root:
     python results/int4_vpairs_s42/scripts/ab.py
-Env: SHAPES ("name:batch:context:hq:hkv,..."), INT4_GROUPS (int4 group sizes, "32,16,64"), SETTINGS (";"-separated, each
+Env: SHAPES ("name:batch:context:hq:hkv,..."), INT4_GROUPS (int4 group sizes, "32,16,64") or FORMATS (bench_attention's
+format names, "int8,fp8_e4m3"; session 42), SETTINGS (";"-separated, each
 "name|key=value+key=value": plan keywords variant / prefetch / maxnreg, and module attributes of decode_attention
 written A.NAME=value), ROUNDS, REP_MS. Per case and setting: us per layer, the plan's variant, splits, prefetch,
 register cap, and the largest |output - the first setting's output|; bf16's us on the same shape for the ratio."""
@@ -27,7 +28,7 @@ def parse(setting):
     kw, attrs = {}, {}
     for part in filter(None, rest.split("+")):
         k, v = part.split("=")
-        v = None if v == "None" else v if k == "variant" else int(v)
+        v = None if v == "None" else v if k == "variant" else bool(int(v)) if k.endswith("VPF0") else int(v)
         (attrs if k.startswith("A.") else kw)[k.removeprefix("A.")] = v
     return name, kw, attrs
 
@@ -39,8 +40,9 @@ for spec in shapes_env.split(","):
     cases = [make_case("bf16", shape, dev, gen) for _ in range(8)]
     bf16 = time_graph(lambda: [da.decode_paged_attention(q, lc, m, scale) for lc, m, q in cases], rep) / 8
     print(json.dumps({"shape": sname, "format": "bf16", "us_layer": round(bf16, 2)}), flush=True)
-    for g in groups:
-        fmt = "int4" if g == 32 else f"int4-g{g}"
+    fmts = os.environ.get("FORMATS", "").split(",") if os.environ.get("FORMATS") else [
+        "int4" if g == 32 else f"int4-g{g}" for g in groups]
+    for fmt in fmts:
         cases = [make_case(fmt, shape, dev, gen) for _ in range(8)]
         first = None
         for rnd in range(rounds):
