@@ -1043,7 +1043,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             options["P_WORDS"] = True
             if FRAGT_HEAD64_INT4_VPAIRS and not thin:
                 options["V_PAIRS"] = True
-        if FRAGT_HEAD64_VPF0 if FRAGT_HEAD64_VPF0 is not None else words and not prefetch:
+        if FRAGT_HEAD64_VPF0 if FRAGT_HEAD64_VPF0 is not None else int4 and not prefetch:
             options["V_PF0"] = True
         if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG

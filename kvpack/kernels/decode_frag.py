@@ -1534,7 +1534,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     if V_PF0:  # the tile's own V rows into L2 as its K loads go out (ptxas issues V's loads after the scores)
         _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                        vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                       BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, False, False)
+                       BLOCK_SIZE, IDX64, True, True, False, False, 128 // D, False, False)
     vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
