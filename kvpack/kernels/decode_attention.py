@@ -125,12 +125,18 @@ FRAGT_HEAD64_INT4 = os.environ.get("KVPACK_FRAGT_HEAD64_INT4", "1") != "0"
 # ... in groups of 32 there, each token's two scales and two zero-points loaded as one 32-bit word each (`decode_frag`
 # P_WORDS, `int4_words_ok`); KVPACK_FRAGT_HEAD64_INT4_WORDS=0: one 2-byte load a group (measuring)
 FRAGT_HEAD64_INT4_WORDS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_WORDS", "1") != "0"
-# ... with V converted by token pairs (session 42, `decode_frag._v4_dequant_pairs64`); KVPACK_FRAGT_HEAD64_INT4_VPAIRS=0:
-# by channel pairs, then swapped into the MMA operand's token pairs (measuring)
+# ... with V converted by token pairs (V_PAIRS, session 42, `decode_frag._v4_dequant_pairs64`) where the grid runs under
+# FRAGT_HEAD64_MAXNREG's cap (below: not thin). H200, per layer, side by side (results/int4_vpairs_s42/call1): SmolLM2
+# 32 x 4096 18.50 -> 17.74 us, 8 x 8192 12.58 -> 12.23, Llama-3.2-1B 32 x 4096 39.45 -> 38.57, 8 x 8192 23.02 -> 22.67;
+# on the uncapped thin grids 1.01x (SmolLM2 1 x 32768 12.51 -> 12.66, 1 x 8192 8.06 -> 8.16), so not there.
+# KVPACK_FRAGT_HEAD64_INT4_VPAIRS=0: by channel pairs, then swapped into the MMA operand's token pairs (measuring)
 FRAGT_HEAD64_INT4_VPAIRS = os.environ.get("KVPACK_FRAGT_HEAD64_INT4_VPAIRS", "1") != "0"
-# ... and each tile's own V rows asked into L2 as its K loads go out (V_PF0: ptxas issues V's loads after the scores'
-# MMAs), by default where int4 takes P_WORDS and no L2 prefetch of the next tile; KVPACK_FRAGT_HEAD64_VPF0=0 / 1: never /
-# also for 8-bit codes and other int4 groups (measuring)
+# ... and each int4 tile's own V rows asked into L2 as its K loads go out (V_PF0; ptxas issues V's loads after the
+# scores' MMAs) where the plan takes no L2 prefetch of the next tile. H200, per layer, side by side (call1, call2):
+# groups of 32 (with V_PAIRS) 0.96-0.98x (SmolLM2 32 x 4096 17.74 -> 17.45 us, Llama-3.2-1B 8 x 8192 22.67 -> 22.04),
+# 16 and 64 0.96-0.99x; on top of the next tile's prefetch 1.08-1.30x, and for 8-bit codes 1.01-1.20x (call2: V's code
+# and scale rows; call3: code rows only, 1.03-1.17x), so neither. KVPACK_FRAGT_HEAD64_VPF0=0 / 1: never / at every int4
+# head-64 plan (measuring)
 _VPF0_ENV = os.environ.get("KVPACK_FRAGT_HEAD64_VPF0", "auto").strip()
 if _VPF0_ENV not in ("auto", "0", "1"):
     raise ValueError(f"KVPACK_FRAGT_HEAD64_VPF0={_VPF0_ENV!r}: auto, 0 or 1")
@@ -1043,7 +1049,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             options["P_WORDS"] = True
             if FRAGT_HEAD64_INT4_VPAIRS and not thin:
                 options["V_PAIRS"] = True
-        if FRAGT_HEAD64_VPF0 if FRAGT_HEAD64_VPF0 is not None else int4 and not prefetch:
+        if int4 and (FRAGT_HEAD64_VPF0 if FRAGT_HEAD64_VPF0 is not None else not prefetch):
             options["V_PF0"] = True
         if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG

@@ -165,7 +165,13 @@ data between lanes.
   (results/int4_h64_s41, call4): SmolLM2 32 x 4096 20.7 -> 18.6 us (0.70 -> 0.63x bf16), 8 x 8192 13.9 -> 12.6,
   1 x 32768 15.2 -> 13.2; Llama-3.2-1B 32 x 4096 45.8 -> 39.4, 8 x 8192 25.9 -> 22.9. On grids of <= 6 programs an
   SM it runs without the cap (`decode_attention.FRAGT_HEAD64_INT4_UNCAPPED_PER_SM`; call6: 0.94-0.97x at SmolLM2's
-  thin shapes).
+  thin shapes). Session 42 (results/int4_vpairs_s42): under the cap, V in groups of 32 converts by token pairs
+  (V_PAIRS, `_v4_dequant_pairs64`: each register comes out as one channel's (even token, odd token), the MMA operand's
+  pairs, instead of channel pairs swapped afterwards: 496 -> 240 PRMT in the kernel), and every group size without
+  the next tile's prefetch asks L2 for the tile's own V rows as its K loads go out (V_PF0: in the sm_90 SASS, ptxas
+  issues V's loads only after the scores' MMAs, 8-bit codes' alike). SmolLM2's 32 x 4096 plan: 2,888 -> 2,752
+  instructions, 63 -> 39 spilled words; H200, per layer, 18.50 -> 17.45 us (0.62 -> 0.59x bf16), Llama-3.2-1B's
+  32 x 4096 39.45 -> 37.74. The same bits while every V group scale is >= 2^-10 (as the ring's pairs).
 
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 ("fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
@@ -1519,8 +1525,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  BLOCK_SIZE: gl.constexpr, K_FMT: gl.constexpr, K_STATIC: gl.constexpr,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                  IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
-                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False,
-                 V_PF0: gl.constexpr = False):
+                 D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
@@ -1531,10 +1536,6 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                        vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                        BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, True)
     g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED, D)
-    if V_PF0:  # the tile's own V rows into L2 as its K loads go out (ptxas issues V's loads after the scores)
-        _prefetch_tile(n0, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                       vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                       BLOCK_SIZE, IDX64, True, True, False, False, 128 // D, False, False)
     vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
     # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
     nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
@@ -1712,8 +1713,7 @@ def _fragt_decode_kernel(
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW,
-                                             V_PF0 and D == 64)
+                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
