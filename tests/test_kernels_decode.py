@@ -385,6 +385,33 @@ def test_decode_fragt_head64_prefetch_gpu(k_name, v_name, block_size, splits):
     check(k_name, v_name, lens, Hq=9, Hkv=3, D=64, block_size=block_size, device="cuda", num_splits=splits)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_name,v_name", [("int8", "int8"), ("int8-static", "int8-static"), ("fp8_e4m3", "fp8_e5m2"),
+                                           ("fp8_e4m3-static", "int8")])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("ring", [1, 2])
+def test_decode_fragt_head64_ring8_gpu(k_name, v_name, block_size, splits, ring, monkeypatch):
+    """8-bit codes at head dim 64 through "fragt"'s cp.async ring (RING8, session 42: `decode_frag._r4_issue` with a
+    token's scale, `_fragt_tile8` reading the slot): the same output bits as the direct loads (the same codes, scales
+    and operations), and within "dot"'s tolerance of the reference; blocks of 8 keep the direct loads
+    (`ring8_ok`); odd lengths (the masked last tile loads directly), splits without whole tiles."""
+    import kvpack.kernels.decode_attention as da
+    from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
+
+    lens = [1, 17, 1000, 4099, 257, 64, 130]
+    q, lc, meta = build_case(k_name, v_name, lens, 9, 3, 64, block_size, device="cuda")
+    direct = decode_paged_attention(q, lc, meta, 0.125, num_splits=splits, prefetch=0)
+    assert "RING8" not in plan_decode(q, lc, meta, 0.125, num_splits=splits, prefetch=0).options
+    monkeypatch.setattr(da, "FRAGT_HEAD64_RING8", ring)
+    plan = plan_decode(q, lc, meta, 0.125, num_splits=splits)
+    assert plan.variant == "fragt" and plan.options.get("RING8") == (ring if block_size >= 16 else None)
+    out = decode_paged_attention(q, lc, meta, 0.125, num_splits=splits)
+    torch.cuda.synchronize()
+    assert torch.equal(out, direct)
+    check(k_name, v_name, lens, Hq=9, Hkv=3, D=64, block_size=block_size, device="cuda", num_splits=splits)
+
+
 def test_fragt_head64_prefetch_plan(monkeypatch):
     """The L2 prefetch distance of "fragt" on 8-bit codes: FRAGT_HEAD64_PREFETCH by default at head dim 64 where the
     grid has <= FRAGT_HEAD64_PREFETCH_PER_SM programs a multiprocessor, else none; the asked one where asked (also at

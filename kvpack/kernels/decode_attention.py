@@ -141,6 +141,9 @@ _VPF0_ENV = os.environ.get("KVPACK_FRAGT_HEAD64_VPF0", "auto").strip()
 if _VPF0_ENV not in ("auto", "0", "1"):
     raise ValueError(f"KVPACK_FRAGT_HEAD64_VPF0={_VPF0_ENV!r}: auto, 0 or 1")
 FRAGT_HEAD64_VPF0 = None if _VPF0_ENV == "auto" else _VPF0_ENV == "1"
+# ... 8-bit codes at head dim 64 through a cp.async ring of this many tiles ahead (RING8, session 42; 0: direct loads);
+# KVPACK_FRAGT_HEAD64_RING8
+FRAGT_HEAD64_RING8 = int(os.environ.get("KVPACK_FRAGT_HEAD64_RING8", "0"))
 # ... and without FRAGT_HEAD64_MAXNREG's cap (161 registers, no spills, against 63 spilled words a program at 128) where
 # its grid has at most this many programs a multiprocessor. H200, per layer, side by side (results/int4_h64_s41/call6):
 # SmolLM2 1 x 8192 / 1 x 32768 / 2 x 16384 / 4 x 8192 (1.5-5.8 programs an SM) 0.94-0.97x the capped time, Llama-3.2-1B
@@ -867,6 +870,21 @@ def int4_ring_ok(kp, vp) -> bool:
     return True
 
 
+def ring8_ok(kp, vp) -> bool:
+    """Whether "fragt"'s ring (`decode_frag._r4_issue`, RING8) can copy 8-bit K and V at head dim 64: blocks of >= 16
+    tokens, each block's 64-byte code rows adjacent (a token pair's 128 bytes) and its per-token scales adjacent (an
+    8-token group's 16 bytes), and 16-byte aligned bases."""
+    for p in (kp, vp):
+        if p.fmt.kind not in ("int8", "fp8_e4m3", "fp8_e5m2") or p.fmt.head_dim != 64 or p.block_size < 16:
+            return False
+        if p.codes.stride()[2:] != (64, 1) or p.codes.data_ptr() % 16 or any(st % 16 for st in p.codes.stride()[:2]):
+            return False
+        if p.scales is not None and (p.scales.stride()[2:] != (1, 1) or p.scales.data_ptr() % 16
+                                     or any(st % 8 for st in p.scales.stride()[:2])):
+            return False
+    return True
+
+
 def int4_words_ok(kp, vp) -> bool:
     """Whether "fragt" at head dim 64 can load int4 K and V's group parameters as words (P_WORDS): groups of 32 on
     both sides (a token's two), and every token's scale / zero-point pair 4-byte aligned (even strides, an aligned
@@ -1051,6 +1069,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
                 options["V_PAIRS"] = True
         if int4 and (FRAGT_HEAD64_VPF0 if FRAGT_HEAD64_VPF0 is not None else not prefetch):
             options["V_PF0"] = True
+        if not int4 and FRAGT_HEAD64_RING8 and ring8_ok(kp, vp):
+            options["RING8"] = FRAGT_HEAD64_RING8
+            prefetch = 0  # the ring copies the whole tiles ahead
         if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)
