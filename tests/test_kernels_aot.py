@@ -207,8 +207,9 @@ def variants():
                 wmeta = AttentionMetadata.build([20, 1], [40, 9], [[0, 1, 2], [3]], 16, workspace=True)
                 for fn, args, opts in captured_launches(lambda: prefill_paged_attention(pq, lc, wmeta, 0.1)):
                     out.append((f"prefill-ws/{name}/D{D}/{fn.__name__}", fn, args, opts))
-    # 8-bit codes at head dim 64 in "fragt" (`decode_frag`: int4's code layouts at head dim 128), one split and two
-    # (and two with the L2 prefetch);
+    # 8-bit codes at head dim 64 in "fragt" (`decode_frag`: int4's code layouts at head dim 128), one split and two,
+    # through the cp.async ring (RING8, the plan's choice on thin grids) and with direct loads (and two with the L2
+    # prefetch);
     # (FP8 is rotated: q @ R in the kernel; with one split out @ R in its epilogue, with two in the merge)
     q = torch.randn(2, 8, 64, dtype=torch.bfloat16)
     meta = AttentionMetadata.build([1, 1], [40, 9], [[0, 1, 2], [3]], 16)
@@ -217,7 +218,12 @@ def variants():
         lc = LayerKVCache(make_pool(name, 64, 8, 2, 16, "cpu"), make_pool(name, 64, 8, 2, 16, "cpu"))
         for splits in (1, 2):
             plan = plan_decode(q, lc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="fragt")
-            assert plan.variant == "fragt", plan.variant
+            assert plan.variant == "fragt" and plan.options.get("RING8") == 1, (plan.variant, plan.options)
+            out.append((f"decode-t8h64/{name}/D64/splits{splits}/ring8", plan.kernel, plan.args, plan.options))
+            # the direct loads (fuller grids; here asked for with prefetch 0)
+            plan = plan_decode(q, lc, meta if splits == 1 else meta2, 0.1, num_splits=splits, variant="fragt",
+                               prefetch=0)
+            assert plan.variant == "fragt" and "RING8" not in plan.options, (plan.variant, plan.options)
             out.append((f"decode-t8h64/{name}/D64/splits{splits}", plan.kernel, plan.args, plan.options))
         if name in ("int8", "fp8_e4m3"):  # with the L2 prefetch (`decode_frag._prefetch_tile`, STEP 2)
             plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="fragt", prefetch=1)
@@ -231,6 +237,9 @@ def variants():
                                prefetch=pf)
             assert plan.variant == "fragt", plan.variant
             out.append((f"decode-t4h64/int4-g{g}/D64/splits{splits}/pf{pf}", plan.kernel, plan.args, plan.options))
+            if g == 32 and pf == 0:  # V by token pairs (V_PAIRS: the plan's choice on grids under the register cap)
+                out.append((f"decode-t4h64/int4-g{g}/D64/splits{splits}/pf0/vpairs", plan.kernel, plan.args,
+                            {**plan.options, "V_PAIRS": True, "maxnreg": 128}))
     # the q / output rotation around the attention kernels (rotated formats, centered V)
     from kvpack.kernels.rotate import rotate_heads
 
@@ -354,6 +363,10 @@ def test_frag_decode_uses_no_shared_memory(aot_results):
     assert ring and all(r["shared"] >= 2 * 16384 for r in ring), [(r["variant"], r["shared"]) for r in ring]
     ring4 = [r for r in aot_results if r["variant"].startswith("decode-t4ring")]  # int4's ring: 2 slots of 8.5-10 KB
     assert ring4 and all(r["shared"] >= 2 * 8704 for r in ring4), [(r["variant"], r["shared"]) for r in ring4]
+    ring8 = [r for r in aot_results if r["variant"].startswith("decode-t8h64") and r["variant"].endswith("/ring8")]
+    assert len(ring8) == 8 and all(r["shared"] >= 2 * 8192 for r in ring8), [(r["variant"], r["shared"]) for r in ring8]
+    direct8 = [r for r in aot_results if r["variant"].startswith("decode-t8h64") and "/ring8" not in r["variant"]]
+    assert direct8 and all(r["shared"] <= 2048 for r in direct8), [(r["variant"], r["shared"]) for r in direct8]
     assert dot and all(r["shared"] > 8192 for r in dot)  # the check would see staging
 
 

@@ -393,9 +393,9 @@ def test_decode_fragt_head64_prefetch_gpu(k_name, v_name, block_size, splits):
 @pytest.mark.parametrize("ring", [1, 2])
 def test_decode_fragt_head64_ring8_gpu(k_name, v_name, block_size, splits, ring, monkeypatch):
     """8-bit codes at head dim 64 through "fragt"'s cp.async ring (RING8, session 42: `decode_frag._r4_issue` with a
-    token's scale, `_fragt_tile8` reading the slot): the same output bits as the direct loads (the same codes, scales
-    and operations), and within "dot"'s tolerance of the reference; blocks of 8 keep the direct loads
-    (`ring8_ok`); odd lengths (the masked last tile loads directly), splits without whole tiles."""
+    token's scale, `_fragt_tile8` reading the slot; 1 or 2 tiles ahead): the same output bits as the direct loads (the
+    same codes, scales and operations), and within "dot"'s tolerance of the reference; blocks of 8 keep the direct
+    loads (`ring8_ok`); odd lengths (the masked last tile loads directly), splits without whole tiles."""
     import kvpack.kernels.decode_attention as da
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
@@ -423,6 +423,16 @@ def test_fragt_head64_prefetch_plan(monkeypatch):
     monkeypatch.setattr(da, "INTERPRET", False)
     monkeypatch.setattr(da, "_sm_count", lambda dev: 132)  # the prefetch rule
     monkeypatch.setattr(dp, "_sm_count", lambda dev: 132)  # the split counts
+    # the cp.async ring (RING8, session 42) takes the thin grids' place by default: 1 x 32768 (384 programs, <= 8 an SM)
+    # with blocks of 16, not with blocks of 8, nor where a prefetch is asked for, nor on 8 x 8192
+    for lens, bs, asked, want in (([32768], 16, None, 1), ([32768], 8, None, 0), ([32768], 16, 0, 0),
+                                  ([8192] * 8, 16, None, 0)):
+        q, lc, meta = build_case("int8", "fp8_e4m3", lens, 9, 3, 64, bs)
+        plan = da.plan_decode(q, lc, meta, 0.1, prefetch=asked)
+        assert plan.variant == "fragt" and plan.options.get("RING8", 0) == want, (lens[:1], bs, asked, plan.options)
+        if want:
+            assert plan.args[plan.kernel.arg_names.index("PREFETCH")] == 0
+    monkeypatch.setattr(da, "FRAGT_HEAD64_RING8", 0)  # without it, the L2 prefetch there
     for default in (1, 2):
         monkeypatch.setattr(da, "FRAGT_HEAD64_PREFETCH", default)
         # SmolLM2's 3 kv heads: 1 x 32768 plans 128 splits (384 programs, thin), 8 x 8192 64 (1536, not)
