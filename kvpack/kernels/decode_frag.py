@@ -1294,35 +1294,6 @@ def _frag_decode_kernel(
                 if i == 0:
                     probe_stamp(t_ptr + 2, 0)
         async_copy.wait_group(0)
-    if RING8 > 0:  # 8-bit K and V at head dim 64 (session 42): whole tiles through a cp.async ring of RING8 + 1 slots
-        NSLOT8: gl.constexpr = RING8 + 1
-        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT8, 32, 128], R4_SMEM)
-        vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT8, 32, 128], R4_SMEM)
-        ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT8, 8, 8], R4P_SMEM)
-        vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT8, 8, 8], R4P_SMEM)
-        n_full = (full_end - start) // 64
-        for t in gl.static_range(RING8):
-            _r4_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, ksbuf, vsbuf, vsbuf, t,
-                      kc_ptr, ks_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
-                      vc_ptr, vs_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64, 1,
-                      not K_STATIC, not V_STATIC, False)
-            async_copy.commit_group()
-        for i in range(0, n_full):
-            _r4_issue(start + (i + RING8) * 64, i + RING8 < n_full, h, bt_row, kbuf, vbuf, ksbuf, ksbuf, vsbuf,
-                      vsbuf, (i + RING8) % NSLOT8,
-                      kc_ptr, ks_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
-                      vc_ptr, vs_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64, 1,
-                      not K_STATIC, not V_STATIC, False)
-            async_copy.commit_group()
-            async_copy.wait_group(RING8)  # tile i has landed
-            gl.thread_barrier()  # the reads cross lanes
-            m_i, l_i, acc = _fragt_tile8(0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
-                                         kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
-                                         vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
-                                         BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                         False, KI8, K_FACTOR, D, 0, E5M2_HW, True, kbuf, vbuf, ksbuf, vsbuf,
-                                         i % NSLOT8)
-        async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
