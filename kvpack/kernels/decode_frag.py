@@ -146,6 +146,12 @@ data between lanes.
   128-byte line), and the first PREFETCH tiles before q's loads; `plan_decode` takes one tile where the grid has <= 8
   programs a multiprocessor (`decode_attention.FRAGT_HEAD64_PREFETCH_PER_SM`; H200, per layer, results/head64_s34:
   0.76-0.97x the time there, SmolLM2 1 x 32768 int8 15.5 -> 11.8 us; 1.04-1.16x on fuller grids). The same output bits.
+  Session 42 (RING8, results/int4_vpairs_s42): the codes and per-token scales can come through int4's cp.async ring
+  instead (`_r4_issue` with NG 1 and no zero-points: a token pair's 128 code bytes, an 8-token group's 16 scale bytes;
+  `_fragt_tile8` with RING reads the slot in K4_RING / V4_RING, register renamings of K4_LOAD / V4_LOAD), whole tiles
+  RING8 ahead, the masked last tile loading directly. The same output bits. `plan_decode` takes it where the L2
+  prefetch was (<= 8 programs an SM): H200, per layer, 0.91-1.00x the prefetch's time at nine grids; on fuller grids
+  a program's 16.5 KB of shared memory (13 an SM) cost 1.06-1.26x.
 
 - ALL_Q (session 36): a batch whose every sequence has its query token (T == B) tells the kernels so as a constant:
   q's row is the sequence index and the "has a query" predicate (masking the output store) is not kept through the
