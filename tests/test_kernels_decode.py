@@ -391,13 +391,11 @@ def test_decode_fragt_head64_prefetch_gpu(k_name, v_name, block_size, splits):
 @pytest.mark.parametrize("block_size", [8, 16, 64])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("ring", [1, 2])
-@pytest.mark.parametrize("k_too", [True, False])
-def test_decode_fragt_head64_ring8_gpu(k_name, v_name, block_size, splits, ring, k_too, monkeypatch):
+def test_decode_fragt_head64_ring8_gpu(k_name, v_name, block_size, splits, ring, monkeypatch):
     """8-bit codes at head dim 64 through "fragt"'s cp.async ring (RING8, session 42: `decode_frag._r4_issue` with a
     token's scale, `_fragt_tile8` reading the slot; 1 or 2 tiles ahead): the same output bits as the direct loads (the
     same codes, scales and operations), and within "dot"'s tolerance of the reference; blocks of 8 keep the direct
-    loads (`ring8_ok`); odd lengths (the masked last tile loads directly), splits without whole tiles. k_too False: V
-    alone through the ring, K loading directly (RING8_K False, fuller grids' form; planned here by a zero threshold)."""
+    loads (`ring8_ok`); odd lengths (the masked last tile loads directly), splits without whole tiles."""
     import kvpack.kernels.decode_attention as da
     from kvpack.kernels.decode_attention import decode_paged_attention, plan_decode
 
@@ -406,12 +404,8 @@ def test_decode_fragt_head64_ring8_gpu(k_name, v_name, block_size, splits, ring,
     direct = decode_paged_attention(q, lc, meta, 0.125, num_splits=splits, prefetch=0)
     assert "RING8" not in plan_decode(q, lc, meta, 0.125, num_splits=splits, prefetch=0).options
     monkeypatch.setattr(da, "FRAGT_HEAD64_RING8", ring)
-    if not k_too:
-        monkeypatch.setattr(da, "FRAGT_HEAD64_RING8_PER_SM", 0)
-        monkeypatch.setattr(da, "FRAGT_HEAD64_RING8V", ring)
     plan = plan_decode(q, lc, meta, 0.125, num_splits=splits)
     assert plan.variant == "fragt" and plan.options.get("RING8") == (ring if block_size >= 16 else None)
-    assert plan.options.get("RING8_K", True) == (k_too or block_size < 16)
     out = decode_paged_attention(q, lc, meta, 0.125, num_splits=splits)
     torch.cuda.synchronize()
     assert torch.equal(out, direct)

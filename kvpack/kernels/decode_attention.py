@@ -150,9 +150,6 @@ FRAGT_HEAD64_VPF0 = None if _VPF0_ENV == "auto" else _VPF0_ENV == "1"
 # holds 13 an SM) 1.06-1.26x. KVPACK_FRAGT_HEAD64_RING8=0: the direct loads everywhere
 FRAGT_HEAD64_RING8 = int(os.environ.get("KVPACK_FRAGT_HEAD64_RING8", "1"))
 FRAGT_HEAD64_RING8_PER_SM = 8
-# ... and V alone through it (K loading directly; 8.4 KB a program) this many tiles ahead on fuller grids (measuring;
-# KVPACK_FRAGT_HEAD64_RING8V, 0: none)
-FRAGT_HEAD64_RING8V = int(os.environ.get("KVPACK_FRAGT_HEAD64_RING8V", "0"))
 # ... and without FRAGT_HEAD64_MAXNREG's cap (161 registers, no spills, against 63 spilled words a program at 128) where
 # its grid has at most this many programs a multiprocessor. H200, per layer, side by side (results/int4_h64_s41/call6):
 # SmolLM2 1 x 8192 / 1 x 32768 / 2 x 16384 / 4 x 8192 (1.5-5.8 programs an SM) 0.94-0.97x the capped time, Llama-3.2-1B
@@ -964,7 +961,7 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         # heads, per layer: int8 78.7 -> 63.1 us at head dim 80, 80.6 -> 69.4 at 96; int8-static 74.4 -> 58.0)
         variant = "dot"
     asked_prefetch = prefetch
-    ring8, ring8_k = 0, True
+    ring8 = 0
     if variant in ("frag", "fragt"):  # one warp, 64-token tiles, codes in registers (the layouts are fixed)
         block_n, num_warps, num_stages = 64, 1, 1
         if num_splits is None:
@@ -982,12 +979,9 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
                 long = int4 and not words and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS
                 prefetch = FRAGT_HEAD64_PREFETCH if head64 and (thin or long) else 0
                 # 8-bit codes: the cp.async ring instead where the grid is thin enough (`FRAGT_HEAD64_RING8_PER_SM`)
-                if head64 and not int4 and ring8_ok(kp, vp):
-                    if B * Hkv * num_splits <= FRAGT_HEAD64_RING8_PER_SM * _sm_count(dev):
-                        if FRAGT_HEAD64_RING8:
-                            ring8, prefetch = FRAGT_HEAD64_RING8, 0
-                    elif FRAGT_HEAD64_RING8V:  # fuller grids: V alone through the ring (measuring)
-                        ring8, ring8_k, prefetch = FRAGT_HEAD64_RING8V, False, 0
+                if (head64 and not int4 and FRAGT_HEAD64_RING8 and ring8_ok(kp, vp)
+                        and B * Hkv * num_splits <= FRAGT_HEAD64_RING8_PER_SM * _sm_count(dev)):
+                    ring8, prefetch = FRAGT_HEAD64_RING8, 0
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128
@@ -1088,8 +1082,6 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
             options["V_PF0"] = True
         if ring8:
             options["RING8"] = ring8
-            if not ring8_k:
-                options["RING8_K"] = False
         if FRAGT_HEAD64_MAXNREG and not maxnreg and not (words and thin):
             options["maxnreg"] = FRAGT_HEAD64_MAXNREG
     if maxnreg:  # ptxas register cap (tuning: more CTAs per SM against spills)

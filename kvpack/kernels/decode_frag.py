@@ -1415,13 +1415,12 @@ def _r4_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot
               kc_ptr, ks_ptr, kz_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
               vc_ptr, vs_ptr, vz_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1,
               BLOCK_SIZE: gl.constexpr, IDX64: gl.constexpr, NG: gl.constexpr = 4, K_P: gl.constexpr = True,
-              V_P: gl.constexpr = True, ZP: gl.constexpr = True, K_C: gl.constexpr = True):
+              V_P: gl.constexpr = True, ZP: gl.constexpr = True):
     """cp.async of the whole 64-token int4 tile at n0 into ring slot `slot` (RING4): K and V codes as [32 token
     pairs, 128 bytes] (a pair's two 64-byte rows are adjacent in a block), the group scales and zero-points as
     [8 groups of 8 tokens, 8 NG] (NG = 128 / group size a token, adjacent in a block). Nothing is read where not
     `valid` (the slot fills with zeros). The caller commits the group. 8-bit codes at head dim 64 (RING8, session 42):
-    the same 64-byte rows, NG 1 (a token's scale), no zero-points (ZP False), no scales on a static side (K_P, V_P);
-    K_C False: V's codes (and scales) only."""
+    the same 64-byte rows, NG 1 (a token's scale), no zero-points (ZP False), no scales on a static side (K_P, V_P)."""
     pr = gl.arange(0, 32, layout=R4C_P)
     tok = n0 + pr * 2
     blk = gl.load(bt_row + (tok.to(gl.uint32) // BLOCK_SIZE).to(gl.int32), mask=(pr >= 0) & valid, other=0)
@@ -1430,9 +1429,8 @@ def _r4_issue(n0, valid, h, bt_row, kbuf, vbuf, ksbuf, kzbuf, vsbuf, vzbuf, slot
     off = tok & (BLOCK_SIZE - 1)
     col = gl.arange(0, 128, layout=R4C_B)[None, :]
     cmask = (col >= 0) & valid
-    if K_C:
-        async_copy.async_copy_global_to_shared(
-            kbuf.index(slot), kc_ptr + (blk * k_cs0 + h * k_cs1 + off * k_cs2)[:, None] + col, mask=cmask)
+    async_copy.async_copy_global_to_shared(
+        kbuf.index(slot), kc_ptr + (blk * k_cs0 + h * k_cs1 + off * k_cs2)[:, None] + col, mask=cmask)
     async_copy.async_copy_global_to_shared(
         vbuf.index(slot), vc_ptr + (blk * v_cs0 + h * v_cs1 + off * v_cs2)[:, None] + col, mask=cmask)
     if NG == 4:
@@ -1547,21 +1545,19 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                  IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
                  D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False,
-                 RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0,
-                 RING_K: gl.constexpr = True):
+                 RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
     O^T [D, 8] += V^T @ P^T (head dim D 128 or 64). L2PF > 0: the tile L2PF ahead is prefetched into L2
     (`_prefetch_tile`) before this tile's loads are issued (its addresses dead before the codes arrive). RING (head
     dim 64, a whole tile; session 42): the codes and scales from ring slot `slot` (`_r4_issue`), read in the same
-    layouts (K4_RING / V4_RING are register renamings of K4_LOAD / V4_LOAD), the same operations; RING_K False: V
-    only (K loads directly)."""
+    layouts (K4_RING / V4_RING are register renamings of K4_LOAD / V4_LOAD), the same operations."""
     if L2PF > 0:
         _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                        vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                        BLOCK_SIZE, IDX64, K_STATIC, V_STATIC, False, False, 128 // D, True)
-    if RING and RING_K:  # a whole tile, landed in the ring (MASKED is False)
+    if RING:  # a whole tile, landed in the ring (MASKED is False)
         kc = gl.convert_layout(gl.reshape(kbuf.index(slot).load(K4_RING), [8, 8, 4, 16]), K4_LOAD, assert_trivial=True)
         vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V4_RING), [4, 2, 4, 2, 8, 8]), V4_LOAD,
                                assert_trivial=True)
@@ -1570,11 +1566,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         noff = 0
     else:
         g0, blk, goff, kc = _k8_load(n0, end, h, bt_row, kc_ptr, k_cs0, k_cs1, k_cs2, BLOCK_SIZE, IDX64, MASKED, D)
-        if RING:  # V only from the ring
-            vc = gl.convert_layout(gl.reshape(vbuf.index(slot).load(V4_RING), [4, 2, 4, 2, 8, 8]), V4_LOAD,
-                                   assert_trivial=True)
-        else:
-            vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
+        vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED, D)
         # per-token vectors in the rows' layout, built as [8 groups, 8] (see ROWS8)
         nw = gl.arange(0, 8, layout=gl.SliceLayout(0, ROWS8))[None, :]
         ng = gl.convert_layout(g0, ROWS8_G, assert_trivial=True)[:, None]
@@ -1589,7 +1581,7 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     else:
         s = mma_v2(_k8_operand(kc, K_FMT, False, True, K_FACTOR, D, E5M2_HW), q, gl.full([64, 8], 0.0, gl.float32, layout=MMA))
     if not K_STATIC:
-        if RING and RING_K:
+        if RING:
             ks = _ring_row_vec(ksbuf, slot)
         else:
             ks = _t_row_vec(ks_ptr, nblk, noff, nmask, h, k_ss0, k_ss1, k_ss2, MASKED)
@@ -1645,7 +1637,7 @@ def _fragt_decode_kernel(
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
     ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False, P_WORDS: gl.constexpr = False,
-    V_PAIRS: gl.constexpr = False, V_PF0: gl.constexpr = False, RING8: gl.constexpr = 0, RING8_K: gl.constexpr = True,
+    V_PAIRS: gl.constexpr = False, V_PF0: gl.constexpr = False, RING8: gl.constexpr = 0,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
@@ -1744,11 +1736,8 @@ def _fragt_decode_kernel(
         async_copy.wait_group(0)
     if RING8 > 0:  # 8-bit K and V at head dim 64 (session 42): whole tiles through a cp.async ring of RING8 + 1 slots
         NSLOT8: gl.constexpr = RING8 + 1
+        kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT8, 32, 128], R4_SMEM)
         vbuf = gl.allocate_shared_memory(vc_ptr.dtype.element_ty, [NSLOT8, 32, 128], R4_SMEM)
-        if RING8_K:
-            kbuf = gl.allocate_shared_memory(kc_ptr.dtype.element_ty, [NSLOT8, 32, 128], R4_SMEM)
-        else:  # V only (RING8_K False): K loads directly
-            kbuf = vbuf
         ksbuf = gl.allocate_shared_memory(ks_ptr.dtype.element_ty, [NSLOT8, 8, 8], R4P_SMEM)
         vsbuf = gl.allocate_shared_memory(vs_ptr.dtype.element_ty, [NSLOT8, 8, 8], R4P_SMEM)
         n_full = (full_end - start) // 64
@@ -1756,23 +1745,23 @@ def _fragt_decode_kernel(
             _r4_issue(start + t * 64, t < n_full, h, bt_row, kbuf, vbuf, ksbuf, ksbuf, vsbuf, vsbuf, t,
                       kc_ptr, ks_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
                       vc_ptr, vs_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64, 1,
-                      not K_STATIC and RING8_K, not V_STATIC, False, RING8_K)
+                      not K_STATIC, not V_STATIC, False)
             async_copy.commit_group()
         for i in range(0, n_full):
             _r4_issue(start + (i + RING8) * 64, i + RING8 < n_full, h, bt_row, kbuf, vbuf, ksbuf, ksbuf, vsbuf,
                       vsbuf, (i + RING8) % NSLOT8,
                       kc_ptr, ks_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1,
                       vc_ptr, vs_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, BLOCK_SIZE, IDX64, 1,
-                      not K_STATIC and RING8_K, not V_STATIC, False, RING8_K)
+                      not K_STATIC, not V_STATIC, False)
             async_copy.commit_group()
             async_copy.wait_group(RING8)  # tile i has landed
             gl.thread_barrier()  # the reads cross lanes
-            m_i, l_i, acc = _fragt_tile8(start + i * 64, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+            m_i, l_i, acc = _fragt_tile8(0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                          kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                          vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                          BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
                                          False, KI8, K_FACTOR, D, 0, E5M2_HW, True, kbuf, vbuf, ksbuf, vsbuf,
-                                         i % NSLOT8, RING8_K)
+                                         i % NSLOT8)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
