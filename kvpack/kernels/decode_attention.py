@@ -142,14 +142,13 @@ if _VPF0_ENV not in ("auto", "0", "1"):
     raise ValueError(f"KVPACK_FRAGT_HEAD64_VPF0={_VPF0_ENV!r}: auto, 0 or 1")
 FRAGT_HEAD64_VPF0 = None if _VPF0_ENV == "auto" else _VPF0_ENV == "1"
 # ... 8-bit codes at head dim 64 through a cp.async ring this many tiles ahead (RING8, session 42, `decode_frag._r4_issue`:
-# int4's ring at head dim 128 copies the same 64-byte rows) instead of the L2 prefetch where the grid has at most
-# FRAGT_HEAD64_RING8_PER_SM programs a multiprocessor and the plan's prefetch is not asked for. H200, per layer, side by
+# int4's ring at head dim 128 copies the same 64-byte rows) instead of the L2 prefetch where the plan would take it (at
+# most FRAGT_HEAD64_PREFETCH_PER_SM programs a multiprocessor) and no prefetch is asked for. H200, per layer, side by
 # side (results/int4_vpairs_s42, calls 4-5), at nine SmolLM2 / Llama-3.2-1B grids of 1.5-7.8 programs an SM: int8
 # 0.91-0.95x, int8-static 0.92-0.95x, fp8_e4m3 0.95-1.00x (Llama-3.2-1B 1 x 8192 1.004x), e.g. SmolLM2 1 x 32768 int8
 # 11.98 -> 10.96 us; 2 tiles ahead 0.95-1.01x; on fuller grids (11.6-16 an SM: a program's 16.5 KB of shared memory
 # holds 13 an SM) 1.06-1.26x. KVPACK_FRAGT_HEAD64_RING8=0: the direct loads everywhere
 FRAGT_HEAD64_RING8 = int(os.environ.get("KVPACK_FRAGT_HEAD64_RING8", "1"))
-FRAGT_HEAD64_RING8_PER_SM = 8
 # ... and without FRAGT_HEAD64_MAXNREG's cap (161 registers, no spills, against 63 spilled words a program at 128) where
 # its grid has at most this many programs a multiprocessor. H200, per layer, side by side (results/int4_h64_s41/call6):
 # SmolLM2 1 x 8192 / 1 x 32768 / 2 x 16384 / 4 x 8192 (1.5-5.8 programs an SM) 0.94-0.97x the capped time, Llama-3.2-1B
@@ -978,10 +977,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
                 thin = B * Hkv * num_splits <= FRAGT_HEAD64_PREFETCH_PER_SM * _sm_count(dev)
                 long = int4 and not words and split_len(num_splits) >= FRAGT_HEAD64_INT4_PF_TOKENS
                 prefetch = FRAGT_HEAD64_PREFETCH if head64 and (thin or long) else 0
-                # 8-bit codes: the cp.async ring instead where the grid is thin enough (`FRAGT_HEAD64_RING8_PER_SM`)
-                if (head64 and not int4 and FRAGT_HEAD64_RING8 and ring8_ok(kp, vp)
-                        and B * Hkv * num_splits <= FRAGT_HEAD64_RING8_PER_SM * _sm_count(dev)):
-                    ring8, prefetch = FRAGT_HEAD64_RING8, 0
+                if head64 and not int4 and thin and FRAGT_HEAD64_RING8 and ring8_ok(kp, vp):  # 8-bit codes there:
+                    ring8, prefetch = FRAGT_HEAD64_RING8, 0  # the cp.async ring instead
     else:
         bn, warps, stages = default_tile(kp, vp, D)
         int4_default = block_n is None and kp.fmt.kind == vp.fmt.kind == "int4" and 64 < D <= 128

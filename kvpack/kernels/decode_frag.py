@@ -1756,6 +1756,7 @@ def _fragt_decode_kernel(
             async_copy.commit_group()
             async_copy.wait_group(RING8)  # tile i has landed
             gl.thread_barrier()  # the reads cross lanes
+            # (n0 0: unused, every byte of the tile comes from the slot)
             m_i, l_i, acc = _fragt_tile8(0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                          kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                          vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
