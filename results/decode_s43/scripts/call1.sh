@@ -7,10 +7,10 @@ python -c "import torch, triton; print(torch.__version__, triton.__version__)" >
 SHAPES=smollm2-32x4096:32:4096:9:3,llama1b-32x4096:32:4096:32:8,smollm2-16x4096:16:4096:9:3,llama1b-8x8192:8:8192:32:8 \
 FORMATS=int8,fp8_e4m3 ROUNDS=2 REP_MS=20 \
 SETTINGS="base|;bar|A.FRAGT_HEAD64_VEARLY8=1;l1v|A.FRAGT_HEAD64_VEARLY8=2;l1next|A.FRAGT_HEAD64_VEARLY8=4" \
-  timeout 300 python results/decode_s43/scripts/ab.py > $OUT/h64_ab.jsonl 2> $OUT/h64_ab.err
+  timeout 300 python benchmarks/ab_decode.py > $OUT/h64_ab.jsonl 2> $OUT/h64_ab.err
 SHAPES=llama8b-32x4096:32:4096:32:8:128,llama8b-8x8192:8:8192:32:8:128,llama8b-1x32768:1:32768:32:8:128 \
 FORMATS=int8,fp8_e4m3 ROUNDS=2 REP_MS=20 SETTINGS="base|;fused|merge=fused" \
-  timeout 200 python results/decode_s43/scripts/ab.py > $OUT/merge_ab.jsonl 2> $OUT/merge_ab.err
+  timeout 200 python benchmarks/ab_decode.py > $OUT/merge_ab.jsonl 2> $OUT/merge_ab.err
 tail -3 $OUT/*.err
 python - <<'PY'
 import json, os, collections

@@ -4,7 +4,7 @@
 set -x
 F=int8,fp8_e4m3
 run() {  # name shapes settings
-  SHAPES=$2 FORMATS=$F ROUNDS=2 REP_MS=20 SETTINGS="$3" timeout 250 python results/decode_s43/scripts/ab.py > $OUT/$1.jsonl 2> $OUT/$1.err
+  SHAPES=$2 FORMATS=$F ROUNDS=2 REP_MS=20 SETTINGS="$3" timeout 250 python benchmarks/ab_decode.py > $OUT/$1.jsonl 2> $OUT/$1.err
 }
 run s8x8192 llama8b-8x8192:8:8192:32:8:128 "base|;s6|variant=frag+num_splits=6+prefetch=1;s10|variant=frag+num_splits=10+prefetch=1;s12|variant=frag+num_splits=12+prefetch=1;pf2|prefetch=2"
 run s32x4096 llama8b-32x4096:32:4096:32:8:128 "base|;s3|variant=frag+num_splits=3+prefetch=1;s4|variant=frag+num_splits=4+prefetch=1;pf2|prefetch=2"

@@ -4,11 +4,11 @@
 # CUDA graphs with the flag on. Run from the repository root with OUT set.
 set -x
 SHAPES=llama8b-8x8192:8:8192:32:8:128 FORMATS=fp8_e4m3 ROUNDS=1 REP_MS=5 SETTINGS="flag|A.MERGE_FLAG=1" \
-  timeout 120 python results/decode_s43/scripts/ab.py > $OUT/smoke.jsonl 2> $OUT/smoke.err; echo "smoke rc $?"
+  timeout 120 python benchmarks/ab_decode.py > $OUT/smoke.jsonl 2> $OUT/smoke.err; echo "smoke rc $?"
 cat $OUT/smoke.jsonl
 SHAPES=llama8b-8x8192:8:8192:32:8:128,llama8b-32x4096:32:4096:32:8:128,llama8b-1x32768:1:32768:32:8:128 \
 FORMATS=int8,int8-static,fp8_e4m3 ROUNDS=3 REP_MS=20 SETTINGS="base|;flag|A.MERGE_FLAG=1" \
-  timeout 300 python results/decode_s43/scripts/ab.py > $OUT/flag_ab.jsonl 2> $OUT/flag_ab.err; echo "ab rc $?"
+  timeout 300 python benchmarks/ab_decode.py > $OUT/flag_ab.jsonl 2> $OUT/flag_ab.err; echo "ab rc $?"
 python - <<'PY'
 import json, os, collections
 rows = [json.loads(l) for l in open(os.path.join(os.environ["OUT"], "flag_ab.jsonl")) if l.startswith("{")]

@@ -1,11 +1,15 @@
-"""Session 43 (session 42's ab.py with a head dim per shape and string plan keywords): plan settings side by side, per layer (a CUDA graph of 8 decode calls, each on its own cache, L2 flushed: bench_attention's "us /
-layer"), side by side in one process, the order reversed every other round. From the repository root:
-    python results/decode_s43/scripts/ab.py
-Env: SHAPES ("name:batch:context:hq:hkv[:head_dim],...", head dim 64 if left out), INT4_GROUPS (int4 group sizes, "32,16,64") or FORMATS (bench_attention's
-format names, "int8,fp8_e4m3"; session 42), SETTINGS (";"-separated, each
-"name|key=value+key=value": plan keywords variant / prefetch / maxnreg, and module attributes of decode_attention
-written A.NAME=value; a value that is not an integer stays a string, e.g. merge=fused), ROUNDS, REP_MS. Per case and setting: us per layer, the plan's variant, splits, prefetch,
-register cap, and the largest |output - the first setting's output|; bf16's us on the same shape for the ratio."""
+"""Decode plan settings side by side (sessions 41-43: the A/B runs of results/int4_h64_s41, int4_vpairs_s42 and
+decode_s43; the first two ran copies of this script from their results folders). Per layer: a CUDA graph of 8 decode
+calls, each on its own cache, L2 flushed (bench_attention's "us / layer"), every setting in one process, the order
+reversed every other round. From the repository root:
+    SHAPES=llama8b-8x8192:8:8192:32:8:128 FORMATS=int8,fp8_e4m3 SETTINGS="base|;fused|merge=fused" \
+        python benchmarks/ab_decode.py
+Env: SHAPES ("name:batch:context:hq:hkv[:head_dim],...", head dim 64 if left out), INT4_GROUPS (int4 group sizes,
+"32,16,64") or FORMATS (bench_attention's format names, "int8,fp8_e4m3"), SETTINGS (";"-separated, each
+"name|key=value+key=value": plan keywords such as variant / num_splits / prefetch / maxnreg / merge, and module
+attributes of decode_attention written A.NAME=value; a value that is not an integer stays a string), ROUNDS, REP_MS.
+Per case and setting, one JSON line: us per layer, the plan's variant, splits, prefetch, register cap, and the largest
+|output - the first setting's output|; bf16's us on the same shape (its own line) for the ratio."""
 import json, os, sys
 sys.path.insert(0, os.getcwd())
 import torch
