@@ -181,6 +181,30 @@ FRAGT_HEAD64_PREFETCH_PER_SM = 8
 # 19.7, 8 x 8192 (2 tiles) 12.9 -> 13.2; its 1 x 32768 (thin) 16.4 -> 13.8. With P_WORDS (call4) it pays only on the
 # thin grid (1 x 32768 15.2 -> 13.2): Llama-3.2-1B 39.4 -> 40.1, 22.9 -> 23.5
 FRAGT_HEAD64_INT4_PF_TOKENS = 256
+# 8-bit V by token pairs in "frag" and "fragt" (V8_PAIRS, session 44, `decode_frag._v8_pairs`): each register of the
+# MMA operand picked from the two tokens' loaded registers at once; int8 as subnormal fp16 (c + 128) * 2^-24 with the
+# offset taken off once a program (sums of P on the tensor cores), FP8 (sm >= 89: `hw_fp8_decode`) by the conversion
+# instruction. sm_90 SASS of the tile loops: "frag" int8 1,312 -> 1,131 instructions, its ring 1,359 -> 1,178,
+# int8-static's ring 1,105 -> 949; "fragt" at head dim 64 int8 904 -> 833. H200, per layer, side by side
+# (results/decode_s44, call 1): "frag" (Llama-3.1-8B's five shapes) int8 0.988-0.995x the time, int8-static
+# 0.971-1.001x, fp8_e4m3 0.980-0.999x, fp8_e5m2 0.988-0.997x; "fragt" at SmolLM2's three shapes int8 0.974-0.993x,
+# int8-static 0.973-0.991x, FP8 0.986-1.012x (so FP8 keeps the channel pairs there). The instructions saved buy
+# little time: the loops wait on memory more than they issue. None (the default): int8 V in both kernels, FP8 in
+# "frag"; KVPACK_V8_PAIRS=0 / 1: never / every 8-bit V both kernels take (measuring)
+_V8P_ENV = os.environ.get("KVPACK_V8_PAIRS", "auto").strip()
+if _V8P_ENV not in ("auto", "0", "1"):
+    raise ValueError(f"KVPACK_V8_PAIRS={_V8P_ENV!r}: auto, 0 or 1")
+V8_PAIRS = None if _V8P_ENV == "auto" else _V8P_ENV == "1"
+
+
+def v8_pairs(variant: str, v_kind: str, hw_fp8: bool) -> bool:
+    """Whether a "frag" / "fragt" plan converts its 8-bit V by token pairs (V8_PAIRS; FP8 only where the conversion
+    instruction decodes it, `hw_fp8`)."""
+    if variant not in ("frag", "fragt") or not (v_kind == "int8" or hw_fp8 and v_kind.startswith("fp8")):
+        return False
+    if V8_PAIRS is not None:
+        return V8_PAIRS
+    return v_kind == "int8" or variant == "frag"
 FLOAT_PREFETCH_PER_SM = 4  # 16-bit caches at head dim <= 64: "dot"'s L2 prefetch up to this many programs an SM
 INT4_FUSED_TILE = 64  # int4 K and V at head dims 65-128 with the fused merge (`default_tile`: 32)
 _INTERPRET_C = tl.constexpr(INTERPRET)
@@ -1067,6 +1091,8 @@ def plan_decode(q, layer_cache: LayerKVCache, metadata, scale: float, num_splits
         options["maxnreg"] = SMALL_HEAD_MAXNREG  # the programs an SM holds, as `choose_num_splits` counts them
     if variant in ALL_Q_VARIANTS and T == B:
         options["ALL_Q"] = True
+    if v8_pairs(variant, vp.fmt.kind, hw_fp8):
+        options["V8_PAIRS"] = True
     if variant == "fragt" and D == 64:
         if kp.fmt.kind == "int8" and FRAGT_HEAD64_K8_F16:
             options["K8_F16"] = True

@@ -905,6 +905,66 @@ def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.conste
     return _v_operand(v, AS_A)
 
 
+# 8-bit V by token pairs (V8_PAIRS, session 44): the MMA operand of P @ V (V^T @ P^T in "fragt") holds in each register
+# one channel's (even token, odd token) fp16 pair, while a loaded register holds four channels of one token. The
+# conversion `_to_f16` made channel pairs and the compiler then swapped halves between two tokens' registers (one prmt a
+# register more). Here each pair is picked from the two tokens' registers at once ($4: the even token's 4 bytes, $5:
+# the odd's; one prmt), and then:
+# - int8: one lop3 ((x & 0x00FF00FF) ^ 0x00800080) makes each byte c the fp16 subnormal (c + 128) * 2^-24, exactly.
+#   The kernel multiplies the product by 2^24 and subtracts 128 times the tile's sum of P (P @ ones on the tensor
+#   cores, kept per head across the tiles and subtracted once at the end): 1 instruction a code against 1.75.
+# - e4m3 / e5m2 (sm >= 89): two prmt interleave the two tokens' bytes, then one conversion instruction per pair, the
+#   values themselves: 0.75 instructions a code against 1.
+# Outputs: $0 the pair of byte 0, $1 of byte 1, $2, $3 of bytes 2, 3 (as fp16 elements: 2 c + e, token e).
+def _v8_pairs_asm(kind: str) -> str:
+    """The pairs' conversion text for int8 (`_ASM_V8_PAIRS_INT8`) or an FP8 kind ("e4m3", "e5m2")."""
+    if kind == "int8":
+        body = [".reg .b32 x;"]
+        for b in range(4):
+            body += [f"prmt.b32 x, $4, $5, 0x0{4 + b}0{b};", f"lop3.b32 ${b}, x, 0x00FF00FF, 0x00800080, 0x6A;"]
+    else:
+        body = [".reg .b32 x, y;", ".reg .b16 l, h;", "prmt.b32 x, $4, $5, 0x5140;", "prmt.b32 y, $4, $5, 0x7362;",
+                "mov.b32 {l, h}, x;", f"cvt.rn.f16x2.{kind}x2 $0, l;", f"cvt.rn.f16x2.{kind}x2 $1, h;",
+                "mov.b32 {l, h}, y;", f"cvt.rn.f16x2.{kind}x2 $2, l;", f"cvt.rn.f16x2.{kind}x2 $3, h;"]
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+_ASM_V8_PAIRS_INT8 = gl.constexpr(_v8_pairs_asm("int8"))
+_ASM_V8_PAIRS_E4M3 = gl.constexpr(_v8_pairs_asm("e4m3"))
+_ASM_V8_PAIRS_E5M2 = gl.constexpr(_v8_pairs_asm("e5m2"))
+V8_BIAS = gl.constexpr(128.0)  # int8 pairs: the code's offset, in units of 2^-24
+V8_UNIT = gl.constexpr(16777216.0)  # 2^24
+# V_LOAD's codes of one token parity [s, h, t, nl, m 16] (m, h, s in registers, m fastest; lane 4 nl + t)
+VP_C16 = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 16], threads_per_warp=[1, 1, 4, 8, 1],
+                          warps_per_cta=[1, 1, 1, 1, 1], order=[4, 1, 0, 2, 3])
+
+
+@gluon.jit
+def _v8_pairs(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, D: gl.constexpr = 128):
+    """`_v8_operand` converting token pairs (`_v8_pairs_asm`): vc [s, h, t, e, nl, m] (`_v8_load`'s), the B operand
+    [64, D] of P @ V (AS_A: the A operand [D, 64] of V^T @ P^T), channels in `_v8_operand`'s order; int8 as
+    (c + 128) * 2^-24, FP8 the values (the conversion instruction: sm >= 89)."""
+    ca, cb = gl.split(gl.permute(vc, [0, 1, 2, 4, 5, 3]))  # [s, h, t, nl, m]: the even and the odd token
+    PL: gl.constexpr = VP_C16 if D == 128 else VP_C
+    ca = gl.convert_layout(ca, PL, assert_trivial=True)
+    cb = gl.convert_layout(cb, PL, assert_trivial=True)
+    if V_FMT == K_FMT_INT8:
+        o = gl.inline_asm_elementwise(_ASM_V8_PAIRS_INT8, "=r,=r,=r,=r,r,r", [ca, cb],
+                                      dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    elif V_FMT == K_FMT_FP8E4M3:
+        o = gl.inline_asm_elementwise(_ASM_V8_PAIRS_E4M3, "=r,=r,=r,=r,r,r", [ca, cb],
+                                      dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    else:
+        o = gl.inline_asm_elementwise(_ASM_V8_PAIRS_E5M2, "=r,=r,=r,=r,r,r", [ca, cb],
+                                      dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    W: gl.constexpr = D // 32
+    lo = gl.reshape(o[0], [4, 2, 4, 8, W, 2, 2])  # s h t nl w c e: byte 4 w + c of the word
+    hi = gl.reshape(o[1], [4, 2, 4, 8, W, 2, 2])  # byte 4 w + 2 + c
+    v = gl.join(lo, hi)  # [s, h, t, nl, w, c, e, q]: code byte D / 8 nl + 4 w + 2 q + c, token 16 s + 8 h + 2 t + e
+    v = gl.permute(v, [0, 1, 2, 6, 4, 7, 5, 3])  # s h t e w q c nl: column 8 m + nl, m = 4 w + 2 q + c
+    return _v_operand(gl.reshape(v, [64, D]), AS_A)
+
+
 @gluon.jit
 def _q_phys(kk, K_FMT: gl.constexpr, D: gl.constexpr = 128):
     """The code byte (int4: the channel) that logical channel kk of q meets in the K fragments (module doc; 8-bit
@@ -946,6 +1006,29 @@ def _q_rows(q_ptr, q_row, sq_t, sq_h, h, GROUP: gl.constexpr, ROWS: gl.constexpr
 
 
 @gluon.jit
+def _v8_offset(acc, lb, V8B: gl.constexpr, V_STATIC: gl.constexpr, AXIS: gl.constexpr):
+    """V8_PAIRS with int8 V (`_v8_pairs`): acc less 128 times the sums of P in lb (every column, AXIS 1, or row, AXIS
+    0, of lb the same); with static V scales acc and lb are in units of 2^-24 (`_v_unit`)."""
+    if V8B:
+        lbr = gl.max(lb, axis=AXIS)
+        if V_STATIC:
+            w = lbr * (V8_BIAS / V8_UNIT)
+        else:
+            w = lbr * V8_BIAS
+        if AXIS == 1:
+            acc = acc - w[:, None]
+        else:
+            acc = acc - w[None, :]
+    return acc
+
+
+@gluon.constexpr_function
+def _v_unit(factor, v8b):
+    """The static V scale's factor: V_FACTOR, times 2^24 for V8_PAIRS' int8 codes."""
+    return factor * 16777216.0 if v8b else factor
+
+
+@gluon.jit
 def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -954,11 +1037,14 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr,
                RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0,
                kz_ptr=None, vz_ptr=None, K_G: gl.constexpr = 32, V_G: gl.constexpr = 32, L2PF: gl.constexpr = 0,
-               K_FACTOR: gl.constexpr = 256.0, E5M2_HW: gl.constexpr = False):  # the FP8 decode's (`_to_f16`)
+               K_FACTOR: gl.constexpr = 256.0, E5M2_HW: gl.constexpr = False,  # the FP8 decode's (`_to_f16`)
+               V8P: gl.constexpr = False, lb=None):
     """One 64-token tile: scores, online-softmax update, P @ V (as `_attend_tile` of "dot"). QK8 (int8
     K): q, q_lo are q's int8 parts, q_s its per-row step times the softmax scale, and the codes feed
     int8 MMAs straight from the load (no conversion); else q is fp16 and the codes become fp16 (int4:
-    code * s + m with the group parameters K_G / V_G channels wide, zero-points at kz_ptr / vz_ptr)."""
+    code * s + m with the group parameters K_G / V_G channels wide, zero-points at kz_ptr / vz_ptr). V8P: V's
+    codes by token pairs (`_v8_pairs`); int8 then adds each row's sum of P (times the V scale factor) to lb [16, 8]
+    (every column the same), for the kernel to subtract the codes' offset once at the end. Returns m, l, acc, lb."""
     KI4: gl.constexpr = K_FMT == K_FMT_INT4
     VI4: gl.constexpr = V_FMT == K_FMT_INT4
     # ---- K codes in fragment order, scores [16, 64] ----
@@ -1025,7 +1111,9 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                assert_trivial=True)
     else:
         vc = _v8_load(g0, blk, goff, end, h, vc_ptr, v_cs0, v_cs1, v_cs2, MASKED)
-    if not VI4:
+    if V8P:
+        v = _v8_pairs(vc, V_FMT, False)
+    elif not VI4:
         v = _v8_operand(vc, V_FMT, False, V_FACTOR, E5M2_HW=E5M2_HW)
     if VTOK:  # the per-token V scale folds into p, normalised by the tile's largest (as in "dot")
         vsc = _tile_scales(vsbuf, slot, vs_ptr, nblk, noff, nmask, h, v_ss0, v_ss1, v_ss2, MASKED, RING)
@@ -1034,10 +1122,19 @@ def _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         p = p * (vsc * (1.0 / vmax))[None, :]
     pa = gl.convert_layout(p.to(gl.float16), A_OP)
     pv = mma_v2(pa, v, gl.full([16, 128], 0.0, gl.float32, layout=MMA))
+    V8B: gl.constexpr = V8P and V_FMT == K_FMT_INT8  # codes (c + 128) * 2^-24
     if VTOK:
-        pv = pv * (vmax * V_FACTOR)
+        if V8B:
+            pv = pv * (vmax * (V_FACTOR * V8_UNIT))
+        else:
+            pv = pv * (vmax * V_FACTOR)
+    if V8B:  # each row's sum of P as the MMA took it (P @ ones), for the offset
+        sp = mma_v2(pa, gl.full([64, 8], 1.0, gl.float16, layout=B_OP), gl.full([16, 8], 0.0, gl.float32, layout=MMA))
+        if VTOK:
+            sp = sp * (vmax * V_FACTOR)
+        lb = lb * alpha[:, None] + sp
     acc = acc * alpha[:, None] + pv
-    return m_new, l_i, acc
+    return m_new, l_i, acc, lb
 
 
 @gluon.jit
@@ -1194,7 +1291,7 @@ def _frag_decode_kernel(
     QK8: gl.constexpr = False, vmean_ptr=None, ROT_HB: gl.constexpr = 1, ROT_NORM: gl.constexpr = 1.0,
     ROT_Q: gl.constexpr = False, ROT_OUT: gl.constexpr = False, OUT_MEAN: gl.constexpr = False,
     cnt_ptr=None, MERGE_G: gl.constexpr = 1, MERGE_CH: gl.constexpr = 0, PDL: gl.constexpr = 0,
-    times_ptr=None, ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False,
+    times_ptr=None, ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False, V8_PAIRS: gl.constexpr = False,
 ):
     """`_decode_kernel`'s arguments (zeros, dtypes, QK8 unused: an int8 K always takes int8 MMAs here;
     PREFETCH: the cp.async ring's distance in tiles, 0 for direct loads; out @ R and + V mean in the fused
@@ -1278,6 +1375,7 @@ def _frag_decode_kernel(
     m_i = gl.full([16], -float("inf"), gl.float32, layout=ROWS)
     l_i = gl.full([16], 0.0, gl.float32, layout=ROWS)
     acc = gl.full([16, 128], 0.0, gl.float32, layout=MMA)
+    lb = gl.full([16, 8], 0.0, gl.float32, layout=MMA)  # V8_PAIRS int8: sums of P (`_frag_tile`)
     if times_ptr is not None:
         probe_stamp(t_ptr + 1, 0)
     if RING:
@@ -1290,12 +1388,12 @@ def _frag_decode_kernel(
             async_copy.commit_group()
             async_copy.wait_group(PREFETCH)  # tile i has landed
             gl.thread_barrier()  # the reads cross lanes
-            m_i, l_i, acc = _frag_tile(start + i * 64, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+            m_i, l_i, acc, lb = _frag_tile(start + i * 64, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, False,
                                        KI8, True, kbuf, vbuf, ksbuf, vsbuf, i % NSLOT, kz_ptr, vz_ptr, K_G, V_G,
-                                       K_FACTOR=K_FACTOR, E5M2_HW=E5M2_HW)
+                                       K_FACTOR=K_FACTOR, E5M2_HW=E5M2_HW, V8P=V8_PAIRS, lb=lb)
             if times_ptr is not None:
                 if i == 0:
                     probe_stamp(t_ptr + 2, 0)
@@ -1304,18 +1402,19 @@ def _frag_decode_kernel(
         lo = start + (full_end - start) * phase
         hi = full_end + (end - full_end) * phase
         for n0 in range(lo, hi, 64):
-            m_i, l_i, acc = _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+            m_i, l_i, acc, lb = _frag_tile(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                        kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                        vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                        BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64, phase == 1,
                                        KI8, False, None, None, None, None, 0, kz_ptr, vz_ptr, K_G, V_G, L2PF, K_FACTOR,
-                                       E5M2_HW)
+                                       E5M2_HW, V8_PAIRS, lb)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         _pdl_trigger()
+    acc = _v8_offset(acc, lb, V8_PAIRS and V_FMT == K_FMT_INT8, V_STATIC, 1)
     if V_STATIC:
-        acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
+        acc = acc * (gl.load(vst_ptr + h) * _v_unit(V_FACTOR, V8_PAIRS and V_FMT == K_FMT_INT8))
 
     # channel 8 m + nl of acc is channel 16 nl + m of the output (int4: 64 (m // 8) + 8 nl + m % 8; see the
     # module doc)
@@ -1545,14 +1644,16 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                  V_FMT: gl.constexpr, V_STATIC: gl.constexpr, V_FACTOR: gl.constexpr,
                  IDX64: gl.constexpr, MASKED: gl.constexpr, QK8: gl.constexpr, K_FACTOR: gl.constexpr,
                  D: gl.constexpr = 128, L2PF: gl.constexpr = 0, E5M2_HW: gl.constexpr = False,
-                 RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0):
+                 RING: gl.constexpr = False, kbuf=None, vbuf=None, ksbuf=None, vsbuf=None, slot=0,
+                 V8P: gl.constexpr = False, lb=None):
     """`_frag_tile` (8-bit codes, direct loads) transposed: S^T [64, 8] = K @ q^T (int8 K: int8 MMAs with
     q's two int8 parts, q_s per head), per-token K scales on the rows, the online softmax down the token
     axis, the per-token V scale folded into P^T (normalised by the tile's largest, as in "frag"),
     O^T [D, 8] += V^T @ P^T (head dim D 128 or 64). L2PF > 0: the tile L2PF ahead is prefetched into L2
     (`_prefetch_tile`) before this tile's loads are issued (its addresses dead before the codes arrive). RING (head
     dim 64, a whole tile; session 42): the codes and scales from ring slot `slot` (`_r4_issue`), read in the same
-    layouts (K4_RING / V4_RING are register renamings of K4_LOAD / V4_LOAD), the same operations."""
+    layouts (K4_RING / V4_RING are register renamings of K4_LOAD / V4_LOAD), the same operations. V8P: as
+    `_frag_tile`'s, lb [16, 8] with every row the same. Returns m, l, acc, lb."""
     if L2PF > 0:
         _prefetch_tile(n0 + L2PF * 64, end, h, bt_row, kc_ptr, ks_ptr, kc_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                        vc_ptr, vs_ptr, vc_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
@@ -1603,7 +1704,11 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=0)
     # ---- O^T [D, 8] += V^T @ P^T (row 8 m + nl: output channel D / 8 nl + m) ----
-    v = _v8_operand(vc, V_FMT, True, V_FACTOR, D, E5M2_HW)
+    V8B: gl.constexpr = V8P and V_FMT == K_FMT_INT8  # codes (c + 128) * 2^-24 (`_v8_pairs`)
+    if V8P:
+        v = _v8_pairs(vc, V_FMT, True, D)
+    else:
+        v = _v8_operand(vc, V_FMT, True, V_FACTOR, D, E5M2_HW)
     if not V_STATIC:  # the per-token V scale folds into p, normalised by the tile's largest (as in "frag")
         if RING:
             vsc = _ring_row_vec(vsbuf, slot)
@@ -1612,11 +1717,21 @@ def _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
         vmax = gl.max(vsc, axis=0)
         vmax = gl.where(vmax > 0, vmax, 1.0)
         p = p * (vsc * (1.0 / vmax))[:, None]
-        pv = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), gl.full([D, 8], 0.0, gl.float32, layout=MMA))
-        acc = acc * alpha[None, :] + pv * (vmax * V_FACTOR)
+        pt = gl.convert_layout(p.to(gl.float16), B_OP)
+        pv = mma_v2(v, pt, gl.full([D, 8], 0.0, gl.float32, layout=MMA))
+        if V8B:
+            acc = acc * alpha[None, :] + pv * (vmax * (V_FACTOR * V8_UNIT))
+        else:
+            acc = acc * alpha[None, :] + pv * (vmax * V_FACTOR)
     else:
-        acc = mma_v2(v, gl.convert_layout(p.to(gl.float16), B_OP), acc * alpha[None, :])
-    return m_new, l_i, acc
+        pt = gl.convert_layout(p.to(gl.float16), B_OP)
+        acc = mma_v2(v, pt, acc * alpha[None, :])
+    if V8B:  # each head's sum of P as the MMA took it (ones @ P^T), for the offset
+        sp = mma_v2(gl.full([16, 64], 1.0, gl.float16, layout=A_OP), pt, gl.full([16, 8], 0.0, gl.float32, layout=MMA))
+        if not V_STATIC:
+            sp = sp * (vmax * V_FACTOR)
+        lb = lb * alpha[None, :] + sp
+    return m_new, l_i, acc, lb
 
 
 @gluon.jit
@@ -1638,6 +1753,7 @@ def _fragt_decode_kernel(
     RING4: gl.constexpr = 0, RING4_VPAIRS: gl.constexpr = False, times_ptr=None, K8_F16: gl.constexpr = False,
     ALL_Q: gl.constexpr = False, E5M2_HW: gl.constexpr = False, P_WORDS: gl.constexpr = False,
     V_PAIRS: gl.constexpr = False, V_PF0: gl.constexpr = False, RING8: gl.constexpr = 0,
+    V8_PAIRS: gl.constexpr = False,
 ):
     """`_frag_decode_kernel` for int4 K and V with the products transposed (variant "fragt"): the same
     arguments, loads, dequantization, partials and merge; GROUP <= 8, D == 128 (8-bit codes also 64), BLOCK_N == 64,
@@ -1702,6 +1818,7 @@ def _fragt_decode_kernel(
     l_i = gl.full([8], 0.0, gl.float32, layout=T_HEADS)
     full_end = start + gl.maximum(end - start, 0) // 64 * 64
     acc = gl.full([D, 8], 0.0, gl.float32, layout=MMA)
+    lb = gl.full([16, 8], 0.0, gl.float32, layout=MMA)  # V8_PAIRS int8: sums of P (`_fragt_tile8`)
     if times_ptr is not None:
         probe_stamp(t_ptr + 1, 0)
     FIRST: gl.constexpr = 1 if RING4 > 0 or RING8 > 0 else 0  # the ring takes the whole tiles
@@ -1757,12 +1874,12 @@ def _fragt_decode_kernel(
             async_copy.wait_group(RING8)  # tile i has landed
             gl.thread_barrier()  # the reads cross lanes
             # (n0 0: unused, every byte of the tile comes from the slot)
-            m_i, l_i, acc = _fragt_tile8(0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+            m_i, l_i, acc, lb = _fragt_tile8(0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                          kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                          vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                          BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
                                          False, KI8, K_FACTOR, D, 0, E5M2_HW, True, kbuf, vbuf, ksbuf, vsbuf,
-                                         i % NSLOT8)
+                                         i % NSLOT8, V8_PAIRS, lb)
         async_copy.wait_group(0)
     for phase in gl.static_range(FIRST, 2):  # 0: whole tiles, unmasked; 1: the last, partial tile (if any)
         lo = start + (full_end - start) * phase
@@ -1775,17 +1892,19 @@ def _fragt_decode_kernel(
                                             BLOCK_SIZE, K_G, V_G, IDX64, phase == 1, PREFETCH, D, P_WORDS,
                                             V_PAIRS and P_WORDS and D == 64, V_PF0 and D == 64)
             else:
-                m_i, l_i, acc = _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
+                m_i, l_i, acc, lb = _fragt_tile8(n0, end, h, bt_row, q, q_lo, q_s, qk_scale, m_i, l_i, acc,
                                              kc_ptr, ks_ptr, k_cs0, k_cs1, k_cs2, k_ss0, k_ss1, k_ss2,
                                              vc_ptr, vs_ptr, v_cs0, v_cs1, v_cs2, v_ss0, v_ss1, v_ss2,
                                              BLOCK_SIZE, K_FMT, K_STATIC, V_FMT, V_STATIC, V_FACTOR, IDX64,
-                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW)
+                                             phase == 1, KI8, K_FACTOR, D, PREFETCH if phase == 0 else 0, E5M2_HW,
+                                             V8P=V8_PAIRS, lb=lb)
     if times_ptr is not None:
         probe_stamp(t_ptr + 3, 0)
     if PDL == 2:  # the tiles are done: the separate merge may launch
         _pdl_trigger()
+    acc = _v8_offset(acc, lb, V8_PAIRS and V_FMT == K_FMT_INT8, V_STATIC, 0)
     if V_STATIC:
-        acc = acc * (gl.load(vst_ptr + h) * V_FACTOR)
+        acc = acc * (gl.load(vst_ptr + h) * _v_unit(V_FACTOR, V8_PAIRS and V_FMT == K_FMT_INT8))
 
     # row 8 m + nl of acc is output channel D / 8 nl + m (int4: `_int4_v_channel`; the module doc)
     c = gl.arange(0, D, layout=T_ROWS)
