@@ -1,5 +1,5 @@
-"""Decode plan settings side by side (sessions 41-43: the A/B runs of results/int4_h64_s41, int4_vpairs_s42 and
-decode_s43; the first two ran copies of this script from their results folders). Per layer: a CUDA graph of 8 decode
+"""Decode plan settings side by side (sessions 41-44: the A/B runs of results/int4_h64_s41, int4_vpairs_s42,
+decode_s43 and decode_s44; the first two ran copies of this script from their results folders). Per layer: a CUDA graph of 8 decode
 calls, each on its own cache, L2 flushed (bench_attention's "us / layer"), every setting in one process, the order
 reversed every other round. From the repository root:
     SHAPES=llama8b-8x8192:8:8192:32:8:128 FORMATS=int8,fp8_e4m3 SETTINGS="base|;fused|merge=fused" \

@@ -163,6 +163,10 @@ def variants():
                 plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
                 out.append((f"decode-{'frag-pf' if name == 'int4' else 'ring'}/{name}/D{D}", plan.kernel, plan.args,
                             plan.options))
+                if name == "int8":  # V by channel pairs, as before V8_PAIRS (KVPACK_V8_PAIRS=0)
+                    assert plan.options.get("V8_PAIRS"), plan.options
+                    out.append((f"decode-ring/{name}/D{D}/channel-pairs", plan.kernel, plan.args,
+                                {**plan.options, "V8_PAIRS": False}))
                 if name in ("int4", "int8", "fp8_e4m3", "fp8_e5m2-static"):  # both products transposed ("fragt")
                     cases = ((1, "auto", 0), (2, "separate", 1), (2, "fused", 1)) if name == "int4" else \
                         ((2, "separate", 0),)
@@ -433,8 +437,10 @@ def hopper_fp8_decode_ptx() -> dict:
     da.hw_fp8_decode = lambda device: True
     meta = AttentionMetadata.build([1, 1], [1300, 9], [list(range(82)), [3]], 16)
     found = {}
-    for name, e5m2_hw in (("fp8_e4m3", "0"), ("fp8_e5m2", "0"), ("fp8_e5m2", "1")):
+    for name, e5m2_hw, v8p in (("fp8_e4m3", "0", None), ("fp8_e5m2", "0", None), ("fp8_e5m2", "1", None),
+                               ("fp8_e5m2", "0", False)):
         os.environ["KVPACK_E5M2_HW"] = e5m2_hw  # (a subprocess of its own)
+        da.V8_PAIRS = v8p
         lc = LayerKVCache(make_pool(name, 128, 90, 8, 16, "cpu"), make_pool(name, 128, 90, 8, 16, "cpu"))
         q = torch.randn(2, 32, 128, dtype=torch.bfloat16)
         plan = da.plan_decode(q, lc, meta, 0.1, num_splits=2, variant="frag", merge="separate", prefetch=1)
@@ -443,17 +449,20 @@ def hopper_fp8_decode_ptx() -> dict:
         sig, consts, attrs = signature(plan.kernel, plan.args, own)
         ck = triton.compile(gr.GluonASTSource(plan.kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                             options=opts)
-        found[name + ("-hw" if own.get("E5M2_HW") else "")] = sorted(set(m.group(0) for m in FP8_CVT.finditer(ck.asm["ptx"])))
+        key = name + ("-hw" if own.get("E5M2_HW") else "") + ("" if own.get("V8_PAIRS") else "-channel-pairs")
+        found[key] = sorted(set(m.group(0) for m in FP8_CVT.finditer(ck.asm["ptx"])))
     return found
 
 
 def test_hopper_decode_uses_fp8_instructions():
     """On sm >= 89 "frag" decodes e4m3 with the conversion instruction (one per two codes; the gpu-marked
-    test_decode_hw_fp8_gpu checks its outputs equal the software decode's bit for bit), e5m2 its one byte move,
-    or with KVPACK_E5M2_HW=1 the conversion instruction too (test_decode_e5m2_hw_gpu: the same bits); Ampere
-    builds keep the software decode (test_no_hardware_fp8_conversions)."""
+    test_decode_hw_fp8_gpu checks its outputs equal the software decode's bit for bit); e5m2 K by its one byte move,
+    or with KVPACK_E5M2_HW=1 the conversion instruction too (test_decode_e5m2_hw_gpu: the same bits); e5m2 V by the
+    conversion instruction, on token pairs (V8_PAIRS, session 44), or by the byte move without them. Ampere builds
+    keep the software decode (test_no_hardware_fp8_conversions)."""
     found = aot_subprocess("hopper-fp8-decode", timeout=900)
-    assert found == {"fp8_e4m3": ["cvt.rn.f16x2.e4m3"], "fp8_e5m2": [], "fp8_e5m2-hw": ["cvt.rn.f16x2.e5m2"]}, found
+    assert found == {"fp8_e4m3": ["cvt.rn.f16x2.e4m3"], "fp8_e5m2": ["cvt.rn.f16x2.e5m2"],
+                     "fp8_e5m2-hw": ["cvt.rn.f16x2.e5m2"], "fp8_e5m2-channel-pairs": []}, found
 
 
 SASS_OPS = ("LDG", "STG", "LDS", "STS", "BAR", "SHFL", "LDL", "STL", "FADD", "FFMA", "FMUL", "PRMT", "LOP3", "I2F")

@@ -179,6 +179,19 @@ data between lanes.
   instructions, 63 -> 39 spilled words; H200, per layer, 18.50 -> 17.45 us (0.62 -> 0.59x bf16), Llama-3.2-1B's
   32 x 4096 39.45 -> 37.74. The same bits while every V group scale is >= 2^-10 (as the ring's pairs).
 
+- V8_PAIRS (session 44, `_v8_pairs`, `decode_attention.v8_pairs`): 8-bit V converted by token pairs. The MMA operand of
+  P @ V (and of V^T @ P^T) holds one channel's (even token, odd token) fp16 pair in a register; `_to_f16` made pairs of
+  channels, which the compiler then swapped between two tokens' registers (one prmt a register more). Now one prmt
+  picks the pair from the two tokens' loaded registers. int8: one lop3 then makes each byte c the fp16 subnormal
+  (c + 128) * 2^-24, exact (the MMA takes subnormal fp16 inputs); the product is scaled by 2^24, and 128 times each
+  row's sum of P, as the MMA took it (P @ ones, 4 more MMAs a tile, kept per head in `lb` across the tiles, rescaled
+  with the accumulator), is taken off once a program (`_v8_offset`). 1 instruction a code against 1.75. FP8 (sm >= 89):
+  two prmt interleave the two tokens' bytes and the conversion instruction makes each pair, the values themselves
+  (the same output bits). sm_90 SASS of the tile loops: "frag" int8 1,312 -> 1,131, its ring 1,359 -> 1,178, int8-static's
+  ring 1,105 -> 949; "fragt" at head dim 64 int8 904 -> 833, int8-static 760 -> 659. H200, per layer, side by side
+  (results/decode_s44, call 1): 0.97-1.00x the time for int8 (SmolLM2 32 x 4096 19.56 -> 19.06 us, Llama-3.1-8B
+  32 x 4096 73.31 -> 72.84), FP8 in "frag" 0.98-1.00x, FP8 in "fragt" at head dim 64 0.99-1.01x (so not there).
+
 Scope: int8, FP8 (per-token or static scales) and int4 codes, head_dim 128 ("fragt" also 64), one warp,
 64-token tiles, GQA groups up to 16, block sizes >= 8; `plan_decode` routes everything else to "dot". Same
 arguments, grid, split partials and merge as `_decode_kernel`. Gluon has no CPU interpreter: CI
