@@ -159,6 +159,10 @@ def variants():
                     plan = plan_decode(q, clc, meta2, 0.1, num_splits=2, variant="frag", prefetch=0, merge="fused")
                     out.append((f"decode-frag/{name}/D{D}/splits2/fused/centered", plan.kernel, plan.args,
                                 plan.options))
+                    # ... and one split, the mean added in its own epilogue (`decode_frag._add_rn`)
+                    plan = plan_decode(q, clc, meta, 0.1, num_splits=1, variant="frag", prefetch=0)
+                    assert plan.args[plan.kernel.arg_names.index("OUT_MEAN")], "the mean is not in the epilogue"
+                    out.append((f"decode-frag/{name}/D{D}/splits1/centered", plan.kernel, plan.args, plan.options))
                 # whole tiles through a cp.async ring (Ampere's cp.async: no TMA); int4: an L2 prefetch instead
                 plan = plan_decode(q, lc, meta2, 0.1, num_splits=2, variant="frag", prefetch=1)
                 out.append((f"decode-{'frag-pf' if name == 'int4' else 'ring'}/{name}/D{D}", plan.kernel, plan.args,

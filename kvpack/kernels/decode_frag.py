@@ -579,6 +579,15 @@ def _v4_dequant_pairs64(vc, sw, zw):
 
 
 @gluon.jit
+def _add_rn(a, b):
+    """a + b (float32) rounded as an add of its own: `add.rn` is never fused with the multiply before it (a plain PTX
+    add may be: ptxas had fused "frag"'s one-split epilogue o = acc / l + V mean into one fma, where the merge kernel
+    rounds the quotient first, so the two differed in the last bit of ~3 % of float32 outputs; session 44)."""
+    return gl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
 def _pdl_trigger():
     """`griddepcontrol.launch_dependents` (sm_90+): the separate merge may launch (`decode_plan.pdl_mode`)."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [], dtype=gl.int32,
@@ -1445,7 +1454,7 @@ def _frag_decode_kernel(
         if ROT_OUT:  # out @ R where acc lies (`_frag_hadamard_mma`: no layout change, the merge kernel's bits)
             o = _frag_hadamard_mma(o, ROT_NORM)
         if OUT_MEAN:
-            o = o + gl.load(vmean_ptr + h * 128 + c_out)[None, :]
+            o = _add_rn(o, gl.load(vmean_ptr + h * 128 + c_out)[None, :])
         o_ptr = out_ptr + q_row.to(gl.int64) * so_t + heads[:, None] * so_h + c_out[None, :]
         if (ROT_OUT or OUT_MEAN) and out_ptr.dtype.element_ty == gl.bfloat16:  # as `_store_out`: nearest even
             gl.store(o_ptr, o.to(gl.bfloat16, fp_downcast_rounding="rtne"), mask=cm & has_q)
