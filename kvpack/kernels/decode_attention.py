@@ -57,8 +57,8 @@ from kvpack.kernels.decode_plan import (  # noqa: F401 (re-exported: tests, benc
     merge_counters, merge_warps, pdl_mode, SMALL_HEAD_MAXNREG, _sm_count,
 )
 from kvpack.kernels.quant import (
-    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits, int4_hi,
-    int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, probe_entry, probe_exit, probe_stamp, PROBE_SLOTS,
+    INTERPRET, K_FMT_FLOAT, K_FMT_INT4, K_FMT_INT8, add_rn, cdiv, f32_to_bf16_rne, fp8_decode_f16, fp8_decode_f16_bits,
+    int4_hi, int4_lo, int4_to_f16, int8_to_f16, next_pow2, prefetch_l2, probe_entry, probe_exit, probe_stamp, PROBE_SLOTS,
     Q_LO_STEPS, split_q_int8,
 )
 
@@ -700,7 +700,7 @@ def _store_out(o, out_ptr, q_row, so_t, so_h, heads, c, rmask, vmean_ptr, hkv, D
         o = _hadamard(o, ROWS, DP, ROT_HB, ROT_NORM)
     cm = rmask[:, None] & (c < D)[None, :]
     if OUT_MEAN:
-        o = o + tl.load(vmean_ptr + hkv * D + c[None, :], mask=cm, other=0.0)
+        o = add_rn(o, tl.load(vmean_ptr + hkv * D + c[None, :], mask=cm, other=0.0))
     o_ptr = out_ptr + q_row.to(tl.int64) * so_t + heads[:, None] * so_h + c[None, :]
     if out_ptr.dtype.element_ty == tl.bfloat16:
         tl.store(o_ptr, f32_to_bf16_rne(o), mask=cm)

@@ -582,7 +582,9 @@ def _v4_dequant_pairs64(vc, sw, zw):
 def _add_rn(a, b):
     """a + b (float32) rounded as an add of its own: `add.rn` is never fused with the multiply before it (a plain PTX
     add may be: ptxas had fused "frag"'s one-split epilogue o = acc / l + V mean into one fma, where the merge kernel
-    rounds the quotient first, so the two differed in the last bit of ~3 % of float32 outputs; session 44)."""
+    rounds the quotient first, so the two differed in the last bit of ~3 % of float32 outputs; session 44). Every
+    place that adds the V mean uses it (`quant.add_rn` in the Triton kernels): with a rotated V the merge kernel had
+    fused o @ R's * NORM with the plain add that this epilogue no longer fused (session 45)."""
     return gl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=gl.float32, is_pure=True,
                                      pack=1)
 
@@ -1235,7 +1237,7 @@ def _store_out_rot(o, out_ptr, so_t, so_h, q_row, has_q, h, vmean_ptr, ROWS: gl.
     else:
         d = (c & 7) * (D // 8) + (c >> 3)
     if OUT_MEAN:
-        o = o + gl.load(vmean_ptr + h * D + d)[None, :]
+        o = _add_rn(o, gl.load(vmean_ptr + h * D + d)[None, :])
     om = ((go < GROUP) & has_q)[:, None] & (d < D)[None, :]
     o_ptr = out_ptr + q_row.to(gl.int64) * so_t + (h * GROUP + go)[:, None] * so_h + d[None, :]
     if out_ptr.dtype.element_ty == gl.bfloat16:
@@ -1288,7 +1290,7 @@ def _frag_merge_last(po_ptr, pml_ptr, cnt_ptr, out_ptr, so_t, so_h, q_row, has_q
         go = gl.arange(0, MG, layout=gl.SliceLayout(1, OL))
         d = gl.arange(0, 128, layout=gl.SliceLayout(0, OL))
         if OUT_MEAN:
-            o = o + gl.load(vmean_ptr + h * 128 + d)[None, :]
+            o = _add_rn(o, gl.load(vmean_ptr + h * 128 + d)[None, :])
         om = ((go < GROUP) & has_q)[:, None] & (d < 128)[None, :]
         o_ptr = out_ptr + q_row.to(gl.int64) * so_t + (h * GROUP + go)[:, None] * so_h + d[None, :]
         if out_ptr.dtype.element_ty == gl.bfloat16:  # as `_store_out`: round to nearest even

@@ -92,6 +92,19 @@ def round_half_even(x):
     return y.to(tl.int32, bitcast=True) - _RNE_MAGIC_BITS
 
 
+@triton.jit
+def add_rn(a, b):
+    """a + b (float32) as an add of its own (`add.rn`), which ptxas never fuses with the multiply before it: the
+    output's + V mean rounds o @ R (or o) first wherever it is formed (the merge kernels, the "dot" and "frag"
+    epilogues), so their bits agree. A plain add was fused into o * NORM + mean in the merge kernel but not in
+    "frag"'s one-split epilogue (`decode_frag._add_rn`; session 45). The interpreter adds as numpy does."""
+    if _INTERPRET_C:
+        return a + b
+    else:
+        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
 Q_LO_STEPS = tl.constexpr(254)  # q's low part counts steps of (high part's step) / 254
 
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kvpack.formats import hadamard_block_size, hadamard_norm
-from kvpack.kernels.quant import _INTERPRET_C, cdiv, f32_to_bf16_rne, next_pow2
+from kvpack.kernels.quant import _INTERPRET_C, add_rn, cdiv, f32_to_bf16_rne, next_pow2
 
 
 @triton.jit
@@ -71,7 +71,7 @@ def _rotate_heads_kernel(x_ptr, y_ptr, mean_ptr, n_rows, H, group, sx_t, sx_h, s
     if ROTATE:
         x = _hadamard(x, ROWS, D_PAD, HB, NORM, True)
     if ADD:  # mean [H // group, D] float32 of the row's kv head
-        x = x + tl.load(mean_ptr + (h // group)[:, None] * D + d[None, :], mask=m, other=0.0)
+        x = add_rn(x, tl.load(mean_ptr + (h // group)[:, None] * D + d[None, :], mask=m, other=0.0))
     y_ptrs = y_ptr + t[:, None] * sy_t + h[:, None] * sy_h + d[None, :]
     if y_ptr.dtype.element_ty == tl.bfloat16:  # round to nearest even on the interpreter too
         tl.store(y_ptrs, f32_to_bf16_rne(x), mask=m)
