@@ -1250,7 +1250,10 @@ def test_frag_rot_epilogue_bits_gpu(k_name, v_name, means, dtype, group, monkeyp
     leaves padding rows in the accumulator. float32 outputs too (session 44): rounded to 16 bits, the outputs had
     hidden that ptxas fused the epilogue's o = acc / l + V mean into one fma where the merge rounds the quotient
     first (582 of 20,480 float32 values of the fp8_e5m2 / int8 case differed in their last bits; with V8_PAIRS one
-    bf16 value did too: results/decode_s44, call 3); the epilogue now adds the mean with `_add_rn`."""
+    bf16 value did too: results/decode_s44, call 3); the epilogue now adds the mean with `_add_rn`. That alone failed
+    14 cases (session 45, f8bf596: the rotated FP8 V with means, float32 at every group, and int8 / fp8_e4m3 in
+    float16), since the merge kernel fused o @ R's * NORM with its plain add of the mean; every mean add is now an
+    add of its own (`quant.add_rn`; results/decode_s45)."""
     import kvpack.kernels.decode_attention as da
 
     lens = [1, 17, 64, 1000, 257, 4099]
