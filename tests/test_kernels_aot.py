@@ -275,6 +275,9 @@ def variants():
     return out
 
 
+INLINE_ASM = re.compile(r"// begin inline asm.*?// end inline asm", re.S)  # the PTX that inline_asm put there
+
+
 def compile_all(archs=(80, 86), shard: int = 0, shards: int = 1) -> list[dict]:
     """Compile every variant (or those whose index is `shard` modulo `shards`) for each arch."""
     import triton
@@ -296,11 +299,12 @@ def compile_all(archs=(80, 86), shard: int = 0, shards: int = 1) -> list[dict]:
             try:
                 ck = triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=opts)
                 ptx = ck.asm["ptx"]
-                # fused multiply-adds the compiler made (inline PTX ones, e.g. `quant.div_by_scale`, aside)
-                compiled = re.sub(r"// begin inline asm.*?// end inline asm", "", ptx, flags=re.S)
-                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")), f32_fma=compiled.count("fma.rn.f32"),
-                           add_rn=sum(b.count("add.rn.f32") for b in
-                                      re.findall(r"// begin inline asm.*?// end inline asm", ptx, flags=re.S)),
+                # fused multiply-adds the compiler made (inline PTX ones, e.g. `quant.div_by_scale`, aside); adds
+                # of their own that the kernels asked for inline (`quant.add_rn`)
+                inline = INLINE_ASM.findall(ptx)
+                res.update(ok=True, cubin_bytes=len(ck.asm.get("cubin", b"")),
+                           f32_fma=INLINE_ASM.sub("", ptx).count("fma.rn.f32"),
+                           add_rn=sum(b.count("add.rn.f32") for b in inline),
                            shared=ck.metadata.shared,
                            fp8_cvt=sorted(set(m.group(0) for m in FP8_CVT.finditer(ptx))),
                            target_line=next((ln for ln in ptx.splitlines() if ln.startswith(".target")), ""))
