@@ -8,6 +8,8 @@ results/engine_s14/sass_all_variants_sm90.txt).
 
 `--loops`: for the named variants only, each loop's instruction mix (the body of every backward branch,
 largest first): what one pass of a decode kernel's tile loop issues per warp.
+`--dump DIR` (with `--loops`): also write each named variant's PTX and SASS to DIR (name with "/" as "_"), e.g. to
+see what ptxas fused in an epilogue (session 45: the merge kernel's o * NORM + V mean, one FFMA).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--loops", default=None, help="comma list of variant names: their loops' instruction mix")
+    ap.add_argument("--dump", default=None, help="with --loops: write the named variants' PTX and SASS here")
     args = ap.parse_args()
     import triton
     from triton.backends.compiler import GPUTarget
@@ -36,6 +39,10 @@ def main() -> int:
     from tests.test_kernels_aot import disassemble, sass_counts, signature, split_options, variants
 
     loops = args.loops.split(",") if args.loops else None
+    if args.dump and not loops:
+        ap.error("--dump needs --loops (the variants to write)")
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
     if not loops:
         print("# variant, shared bytes, instructions, LDS, STS, BAR, LDL, STL, SHFL (LDL / STL: register spills)")
     for name, fn, fargs, opts in variants():
@@ -52,7 +59,13 @@ def main() -> int:
             continue
         if loops:
             print(f"== {name}: {ck.metadata.shared} bytes shared")
-            for (start, end), mix in loop_mixes_of(disassemble(ck.asm["cubin"])):
+            sass = disassemble(ck.asm["cubin"])
+            if args.dump:
+                stem = os.path.join(args.dump, name.replace("/", "_"))
+                for ext, text in ((".ptx", ck.asm["ptx"]), (".sass", sass)):
+                    with open(stem + ext, "w") as f:
+                        f.write(text)
+            for (start, end), mix in loop_mixes_of(sass):
                 ops = sum(mix.values())
                 print(f"  loop {start:#x}-{end:#x}: {ops} instructions")
                 print("   ", ", ".join(f"{op} {n}" for op, n in mix.most_common(40)))
