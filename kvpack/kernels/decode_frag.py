@@ -941,7 +941,7 @@ def _v8_operand(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, V_FACTOR: gl.conste
 #   values themselves: 0.75 instructions a code against 1.
 # Outputs: $0 the pair of byte 0, $1 of byte 1, $2, $3 of bytes 2, 3 (as fp16 elements: 2 c + e, token e).
 def _v8_pairs_asm(kind: str) -> str:
-    """The pairs' conversion text for int8 (`_ASM_V8_PAIRS_INT8`) or an FP8 kind ("e4m3", "e5m2")."""
+    """The pairs' conversion text for int8 or an FP8 kind ("e4m3", "e5m2"): `_v8_pairs_text`."""
     if kind == "int8":
         body = [".reg .b32 x;"]
         for b in range(4):
@@ -953,11 +953,19 @@ def _v8_pairs_asm(kind: str) -> str:
     return "{\n" + "\n".join(body) + "\n}"
 
 
-_ASM_V8_PAIRS_INT8 = gl.constexpr(_v8_pairs_asm("int8"))
-_ASM_V8_PAIRS_E4M3 = gl.constexpr(_v8_pairs_asm("e4m3"))
-_ASM_V8_PAIRS_E5M2 = gl.constexpr(_v8_pairs_asm("e5m2"))
+_V8_PAIRS_ASM = {K_FMT_INT8.value: _v8_pairs_asm("int8"), K_FMT_FP8E4M3.value: _v8_pairs_asm("e4m3"),
+                 K_FMT_FP8E5M2.value: _v8_pairs_asm("e5m2")}
+
+
+@gluon.constexpr_function
+def _v8_pairs_text(fmt):
+    """`_v8_pairs_asm`'s text for a V format (K_FMT_*)."""
+    return _V8_PAIRS_ASM[fmt]
+
+
 V8_BIAS = gl.constexpr(128.0)  # int8 pairs: the code's offset, in units of 2^-24
-V8_UNIT = gl.constexpr(16777216.0)  # 2^24
+_V8_UNIT = 16777216.0  # 2^24
+V8_UNIT = gl.constexpr(_V8_UNIT)
 # V_LOAD's codes of one token parity [s, h, t, nl, m 16] (m, h, s in registers, m fastest; lane 4 nl + t)
 VP_C16 = gl.BlockedLayout(size_per_thread=[4, 2, 1, 1, 16], threads_per_warp=[1, 1, 4, 8, 1],
                           warps_per_cta=[1, 1, 1, 1, 1], order=[4, 1, 0, 2, 3])
@@ -972,15 +980,8 @@ def _v8_pairs(vc, V_FMT: gl.constexpr, AS_A: gl.constexpr, D: gl.constexpr = 128
     PL: gl.constexpr = VP_C16 if D == 128 else VP_C
     ca = gl.convert_layout(ca, PL, assert_trivial=True)
     cb = gl.convert_layout(cb, PL, assert_trivial=True)
-    if V_FMT == K_FMT_INT8:
-        o = gl.inline_asm_elementwise(_ASM_V8_PAIRS_INT8, "=r,=r,=r,=r,r,r", [ca, cb],
-                                      dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
-    elif V_FMT == K_FMT_FP8E4M3:
-        o = gl.inline_asm_elementwise(_ASM_V8_PAIRS_E4M3, "=r,=r,=r,=r,r,r", [ca, cb],
-                                      dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
-    else:
-        o = gl.inline_asm_elementwise(_ASM_V8_PAIRS_E5M2, "=r,=r,=r,=r,r,r", [ca, cb],
-                                      dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    o = gl.inline_asm_elementwise(_v8_pairs_text(V_FMT), "=r,=r,=r,=r,r,r", [ca, cb], dtype=(gl.float16, gl.float16),
+                                  is_pure=True, pack=4)
     W: gl.constexpr = D // 32
     lo = gl.reshape(o[0], [4, 2, 4, 8, W, 2, 2])  # s h t nl w c e: byte 4 w + c of the word
     hi = gl.reshape(o[1], [4, 2, 4, 8, W, 2, 2])  # byte 4 w + 2 + c
@@ -1049,7 +1050,7 @@ def _v8_offset(acc, lb, V8B: gl.constexpr, V_STATIC: gl.constexpr, AXIS: gl.cons
 @gluon.constexpr_function
 def _v_unit(factor, v8b):
     """The static V scale's factor: V_FACTOR, times 2^24 for V8_PAIRS' int8 codes."""
-    return factor * 16777216.0 if v8b else factor
+    return factor * _V8_UNIT if v8b else factor
 
 
 @gluon.jit
