@@ -51,10 +51,13 @@ def kv_bytes_of(fmt: str, shape) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="llama8b-1x32768,llama8b-8x8192,llama8b-32x4096,smollm2-32x4096")
+    ap.add_argument("--readers", default="4x512x4,8x1024x4",
+                    help="the streamer's configurations, warps x words a load x loads in flight a loop")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rep-ms", type=int, default=20)
-    ap.add_argument("--programs-per-sm", default="2,4,8")
+    ap.add_argument("--programs-per-sm", default="2,4,8",
+                    help="programs an SM (0: one program per chunk, a single pass over the buffer)")
     ap.add_argument("--out", default="read_floor.json")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -69,16 +72,18 @@ def main() -> int:
         for fmt in args.formats.split(","):
             nbytes = kv_bytes_of(fmt, shape)
             bufs = [torch.ones(nbytes // 4, dtype=torch.int32, device=dev) for _ in range(args.layers)]
-            out = torch.empty(sms * 16, dtype=torch.int32, device=dev)
             best = {}
+            readers = [tuple(int(v) for v in r.split("x")) for r in args.readers.split(",")]
             for per_sm in (int(x) for x in args.programs_per_sm.split(",")):
-                for warps, block, unroll in ((4, 512, 4), (8, 1024, 4)):
-                    grid = (per_sm * sms,)
+                for warps, block, unroll in readers:
+                    grid = (per_sm * sms if per_sm else triton.cdiv(nbytes // 4, block * unroll),)
+                    out = torch.empty(grid[0], dtype=torch.int32, device=dev)  # one word a program
 
-                    def step(g=grid, w=warps, b=block, u=unroll):
-                        for x in bufs:
-                            _read_kernel[g](x, x.numel(), out, BLOCK=b, UNROLL=u, num_warps=w)
-                    best[f"triton/{per_sm}x{warps}w"] = time_graph(step, args.rep_ms) / args.layers
+                    def step(g=grid, w=warps, b=block, u=unroll, xs=bufs, o=out):
+                        for x in xs:
+                            _read_kernel[g](x, x.numel(), o, BLOCK=b, UNROLL=u, num_warps=w)
+                    name = f"triton/{per_sm or 'pass'}x{warps}w/{block}x{unroll}"
+                    best[name] = time_graph(step, args.rep_ms) / args.layers
             sums = [torch.empty((), dtype=torch.int64, device=dev) for _ in bufs]
             best["torch.sum"] = time_graph(lambda: [torch.sum(x, dim=0, out=s) for x, s in zip(bufs, sums)],
                                            args.rep_ms) / args.layers
@@ -90,7 +95,7 @@ def main() -> int:
             row["vs_bf16"] = us / base if base else None
             rows.append(row)
             print(json.dumps(row), flush=True)
-            del bufs
+            bufs = sums = out = None
             torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)
