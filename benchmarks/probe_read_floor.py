@@ -1,7 +1,8 @@
 """What reading a decode call's bytes costs at the least (H200): per layer (a CUDA graph of `--layers` calls, each
 on its own buffer, L2 flushed before each replay, as bench_attention's "us / layer"), the time of a kernel that
 only reads the bytes of each format's KV cache at #4's shapes and adds them up: a Triton streamer (programs
-striding over 16-byte vectors, a few per SM) and torch's own sum, the faster counted. Its time against the bf16
+striding over 16-byte vectors, a few per SM or one pass; `--readers`: warps, words a load, loads in flight) and
+torch's own sum, the fastest counted. Its time against the bf16
 cache's is the ratio no decode kernel can beat at that shape: the launch, the ramp and the tail are in it,
 the attention's arithmetic and the split merge are not.
 
@@ -60,6 +61,13 @@ def main() -> int:
                     help="programs an SM (0: one program per chunk, a single pass over the buffer)")
     ap.add_argument("--out", default="read_floor.json")
     args = ap.parse_args()
+    try:
+        readers = [tuple(int(v) for v in r.split("x")) for r in args.readers.split(",")]
+    except ValueError:
+        readers = []
+    if not readers or any(len(r) != 3 or min(r) < 1 or r[1] & (r[1] - 1) for r in readers):
+        ap.error(f"--readers {args.readers!r}: expected WARPSxWORDSxLOADS,... of positive integers, WORDS a power of "
+                 "two, e.g. 8x1024x4")
     dev = torch.device("cuda")
     env = environment(sys.argv)
     print(json.dumps(env), flush=True)
@@ -73,7 +81,6 @@ def main() -> int:
             nbytes = kv_bytes_of(fmt, shape)
             bufs = [torch.ones(nbytes // 4, dtype=torch.int32, device=dev) for _ in range(args.layers)]
             best = {}
-            readers = [tuple(int(v) for v in r.split("x")) for r in args.readers.split(",")]
             for per_sm in (int(x) for x in args.programs_per_sm.split(",")):
                 for warps, block, unroll in readers:
                     grid = (per_sm * sms if per_sm else triton.cdiv(nbytes // 4, block * unroll),)
